@@ -1,0 +1,82 @@
+"""The environment of every instance: PopDist's names, torch's names, and poprun-py's own.
+
+Pure: :func:`instance_env` maps a plan and an instance to ``{name: value}``; every backend uses
+it, so an instance sees the same variables whichever backend started it. User variables
+(``--env`` and the spec's ``env``) come last and may not override the layout variables.
+
+Example:
+
+    >>> from poprun_py.plan import make_plan
+    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.hosts import parse_hosts
+    >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1,h2")), JobSpec(("t.py",), replicas=4))
+    >>> env = instance_env(plan, plan.instances[1], shard_file="/tmp/s1")
+    >>> env["POPDIST_REPLICA_INDEX_OFFSET"], env["RANK"], env["GROUP_RANK"], env["MASTER_ADDR"]
+    ('2', '1', '1', 'h1')
+"""
+
+from __future__ import annotations
+
+from poprun_py.errors import UsageError
+from poprun_py.plan import InstancePlan, LaunchPlan
+from poprun_py.spec import EnvVar
+
+MASK = "******"
+
+
+def layout_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:
+    """The variables that describe the layout (PopDist, torch, POPRUN_*)."""
+    env = {
+        "POPDIST_NUM_TOTAL_REPLICAS": str(plan.num_replicas),
+        "POPDIST_NUM_INSTANCES": str(plan.num_instances),
+        "POPDIST_INSTANCE_INDEX": str(inst.index),
+        "POPDIST_LOCAL_INSTANCE_INDEX": str(inst.local_index),
+        "POPDIST_NUM_LOCAL_REPLICAS": str(inst.num_local_replicas),
+        "POPDIST_REPLICA_INDEX_OFFSET": str(inst.replica_offset),
+        "POPDIST_NUM_IPUS_PER_REPLICA": str(plan.devices_per_replica),
+        "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE": "1",
+        "RANK": str(inst.index),
+        "WORLD_SIZE": str(plan.num_instances),
+        "LOCAL_RANK": str(inst.local_index),
+        "LOCAL_WORLD_SIZE": str(inst.num_local_instances),
+        "GROUP_RANK": str(inst.host_index),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port),
+        "POPRUN_HOST_INDEX": str(inst.host_index),
+        "POPRUN_NUM_HOSTS": str(len(plan.hosts)),
+        "POPRUN_HOST_NAME": inst.host,
+        "POPRUN_NUMA_NODES": ",".join(map(str, inst.numa_nodes)),
+        "POPRUN_CPUS": ",".join(map(str, inst.cpus)),
+        "POPRUN_DEVICES": ",".join(map(str, inst.devices)),
+        "POPRUN_SHARD_FILE": shard_file,
+        "POPRUN_SHARD_PADDING": str(inst.shard.padding),
+    }
+    if plan.group_size is not None:
+        env["POPRUN_GROUP_SIZE"] = str(plan.group_size)
+        env["POPRUN_REPLICA_GROUPS"] = ",".join(map(str, inst.groups))
+    return env
+
+
+def instance_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:
+    """Layout variables plus the user's (``--env`` and spec ``env``) for one instance."""
+    env = layout_env(plan, inst, shard_file)
+    for var in plan.env:
+        if var.name in env:
+            raise UsageError(f"--env {var.name} would override a variable poprun-py sets")
+        env[var.name] = var.value
+    return env
+
+
+def secret_names(env: tuple[EnvVar, ...]) -> frozenset[str]:
+    """Names whose values must never be printed."""
+    return frozenset(v.name for v in env if v.secret)
+
+
+def masked(env: dict[str, str], secrets: frozenset[str]) -> dict[str, str]:
+    """A copy of ``env`` with secret values replaced by a mask, for dry runs and logs."""
+    return {k: (MASK if k in secrets else v) for k, v in env.items()}
+
+
+def shard_text(inst: InstancePlan) -> str:
+    """The contents of an instance's shard file: one path a line."""
+    return "".join(f"{p}\n" for p in inst.shard.files)

@@ -1,0 +1,289 @@
+"""The launch plan: which instance runs on which host, NUMA nodes, CPUs, devices, replicas,
+communication groups and input shard. Pure: data in, data out.
+
+Rules (PopRun's, plus poprun-py's own checks):
+
+- replicas are split evenly over instances, instances evenly over hosts;
+- ``--instances`` defaults to the cluster's default, else the sum of hostfile slots, else one
+  instance per host; ``--replicas`` defaults to the cluster's default, else one per instance;
+- with NUMA awareness a host's NUMA nodes are divided evenly among its instances (PopRun's
+  ``spreadnuma``); instances sharing a node split its CPUs;
+- each instance takes ``local replicas x devices per replica`` devices from its host, in order;
+- ``--group-size G`` makes replica groups of G consecutive replicas, kept within a host when the
+  host's replica count is a multiple of G (the plan says so when it is not).
+
+Example:
+
+    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.hosts import parse_hosts
+    >>> from poprun_py.topology import uniform
+    >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"), topology=uniform(2, 4))
+    >>> plan = make_plan(cluster, JobSpec(program=("train.py",), replicas=8, instances=4))
+    >>> [(i.host, i.replica_offset, i.num_local_replicas, i.numa_nodes) for i in plan.instances]
+    [('h1', 0, 2, (0,)), ('h1', 2, 2, (1,)), ('h2', 4, 2, (0,)), ('h2', 6, 2, (1,))]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from poprun_py.errors import PlanError
+from poprun_py.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
+from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.topology import Topology
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One instance: where it runs, what it drives, and what it reads."""
+
+    index: int
+    host: str
+    host_index: int
+    local_index: int
+    num_local_instances: int
+    replica_offset: int
+    num_local_replicas: int
+    numa_nodes: tuple[int, ...]
+    cpus: tuple[int, ...]
+    devices: tuple[int, ...]
+    groups: tuple[int, ...]
+    shard: Shard
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One host of the plan, its topology (and where that came from) and its instances."""
+
+    index: int
+    spec: HostSpec
+    topology: Topology | None
+    topology_source: str
+    instances: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        """The host's name."""
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole plan: sizes, hosts, instances, groups, and what every instance runs."""
+
+    cluster: ClusterSpec
+    program: tuple[str, ...]
+    num_replicas: int
+    num_instances: int
+    devices_per_replica: int
+    numa_aware: bool
+    instances_source: str
+    hosts: tuple[HostPlan, ...]
+    instances: tuple[InstancePlan, ...]
+    group_size: int | None
+    groups_cross_hosts: bool
+    env: tuple[EnvVar, ...]
+    workdir: str | None
+    master_addr: str
+    master_port: int
+    eval_pad: int | None
+    notes: tuple[str, ...]
+
+    @property
+    def replicas_per_instance(self) -> int:
+        """Replicas driven by each instance (uniform by construction)."""
+        return self.num_replicas // self.num_instances
+
+
+def make_plan(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    inputs: InputSet | None = None,
+    default_topology: Topology | None = None,
+    default_topology_source: str = "assumed",
+) -> LaunchPlan:
+    """Plan ``job`` on ``cluster``; raise PlanError with one clear line if it is impossible."""
+    hosts = cluster.hosts
+    if not hosts:
+        raise PlanError("no hosts to run on")
+    instances, source = _num_instances(cluster, job)
+    replicas = job.replicas
+    _check_sizes(replicas, instances, len(hosts), job)
+    per_host = instances // len(hosts)
+    per_instance = replicas // instances
+    host_plans, notes = _host_plans(hosts, per_host, default_topology, default_topology_source)
+    shards = _shards(inputs, instances, job.eval_pad)
+    plans = []
+    for hp in host_plans:
+        bindings = _bind(hp, per_host, per_instance, job)
+        for local, (nodes, cpus, devices) in enumerate(bindings):
+            index = hp.index * per_host + local
+            offset = index * per_instance
+            plans.append(
+                InstancePlan(
+                    index,
+                    hp.name,
+                    hp.index,
+                    local,
+                    per_host,
+                    offset,
+                    per_instance,
+                    nodes,
+                    cpus,
+                    devices,
+                    _groups(offset, per_instance, job.group_size),
+                    shards[index],
+                )
+            )
+    crosses = _groups_cross(job.group_size, replicas, per_host * per_instance)
+    if crosses:
+        notes.append(_cross_note(job.group_size or 1, per_host * per_instance))
+    if not job.numa_aware:
+        notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
+    return LaunchPlan(
+        cluster=cluster,
+        program=job.program,
+        num_replicas=replicas,
+        num_instances=instances,
+        devices_per_replica=job.devices_per_replica,
+        numa_aware=job.numa_aware,
+        instances_source=source,
+        hosts=tuple(host_plans),
+        instances=tuple(plans),
+        group_size=job.group_size,
+        groups_cross_hosts=crosses,
+        env=tuple(_merge_env(cluster, job)),
+        workdir=job.workdir or cluster.workdir,
+        master_addr="127.0.0.1" if cluster.simulated else hosts[0].target,
+        master_port=job.master_port,
+        eval_pad=job.eval_pad,
+        notes=tuple(notes),
+    )
+
+
+def _num_instances(cluster: ClusterSpec, job: JobSpec) -> tuple[int, str]:
+    if job.instances is not None:
+        return job.instances, "--instances"
+    if cluster.defaults.instances is not None:
+        return cluster.defaults.instances, f"default of cluster {cluster.name}"
+    slots = [h.slots for h in cluster.hosts]
+    if all(s is not None for s in slots):
+        return sum(s for s in slots if s is not None), "default: hostfile slots"
+    return len(cluster.hosts), "default: one instance per host"
+
+
+def _check_sizes(replicas: int, instances: int, num_hosts: int, job: JobSpec) -> None:
+    if replicas < 1:
+        raise PlanError(f"--replicas must be at least 1, got {replicas}")
+    if instances < 1:
+        raise PlanError(f"--instances must be at least 1, got {instances}")
+    if job.devices_per_replica < 0:
+        raise PlanError(f"--devices-per-replica must be 0 or more, got {job.devices_per_replica}")
+    if instances > replicas:
+        raise PlanError(f"more instances ({instances}) than replicas ({replicas})")
+    if replicas % instances:
+        raise PlanError(f"--replicas {replicas} is not a multiple of --instances {instances}")
+    if instances % num_hosts:
+        raise PlanError(
+            f"--instances {instances} is not a multiple of the number of hosts ({num_hosts})"
+        )
+    if job.group_size is not None:
+        if job.group_size < 1:
+            raise PlanError(f"--group-size must be at least 1, got {job.group_size}")
+        if replicas % job.group_size:
+            raise PlanError(
+                f"--replicas {replicas} is not a multiple of --group-size {job.group_size}"
+            )
+
+
+def _host_plans(
+    hosts: Sequence[HostSpec], per_host: int, default: Topology | None, default_source: str
+) -> tuple[list[HostPlan], list[str]]:
+    plans, assumed = [], []
+    for index, host in enumerate(hosts):
+        topo, source = host.topology, "declared"
+        if topo is None:
+            topo, source = default, default_source if default is not None else "unknown"
+            assumed.append(host.name)
+        ids = tuple(range(index * per_host, (index + 1) * per_host))
+        plans.append(HostPlan(index, host, topo, source, ids))
+    notes = []
+    if assumed and default is not None and default_source != "discovered":
+        notes.append(
+            f"topology of {len(assumed)} host(s) not declared; assumed to match this machine "
+            f"({default.describe()})"
+        )
+    return plans, notes
+
+
+_Binding = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def _bind(hp: HostPlan, per_host: int, per_instance: int, job: JobSpec) -> list[_Binding]:
+    topo = hp.topology
+    need = per_instance * job.devices_per_replica
+    devices = topo.devices if topo else ()
+    if devices and need * per_host > len(devices):
+        raise PlanError(
+            f"host {hp.name} has {len(devices)} devices; {per_host} instance(s) x "
+            f"{per_instance} replica(s) x {job.devices_per_replica} device(s) need "
+            f"{need * per_host}"
+        )
+    numa = _numa_split(topo, per_host) if (job.numa_aware and topo) else None
+    result = []
+    for local in range(per_host):
+        mine = devices[local * need : (local + 1) * need] if devices else ()
+        nodes, cpus = numa[local] if numa else ((), ())
+        result.append((nodes, cpus, tuple(mine)))
+    return result
+
+
+def _numa_split(topo: Topology, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Divide a host's NUMA nodes among ``count`` instances (PopRun's spreadnuma)."""
+    nodes = topo.numa_nodes
+    n = len(nodes)
+    if count <= n:
+        blocks = [nodes[i * n // count : (i + 1) * n // count] for i in range(count)]
+        return [(tuple(x.id for x in b), tuple(c for x in b for c in x.cpus)) for b in blocks]
+    result: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for local in range(count):
+        node_pos = local * n // count
+        sharers = [k for k in range(count) if k * n // count == node_pos]
+        cpus = nodes[node_pos].cpus
+        part = sharers.index(local)
+        mine = cpus[part * len(cpus) // len(sharers) : (part + 1) * len(cpus) // len(sharers)]
+        result.append(((nodes[node_pos].id,), mine or cpus))
+    return result
+
+
+def _groups(offset: int, count: int, size: int | None) -> tuple[int, ...]:
+    if size is None:
+        return ()
+    return tuple(range(offset // size, (offset + count - 1) // size + 1))
+
+
+def _groups_cross(size: int | None, replicas: int, per_host: int) -> bool:
+    return size is not None and replicas > per_host and per_host % size != 0
+
+
+def _cross_note(size: int, per_host: int) -> str:
+    if size > per_host:
+        why = f"each host has only {per_host} replica(s)"
+    else:
+        why = f"{per_host} replicas per host is not a multiple of {size}"
+    return f"replica groups of {size} cross host boundaries: {why}"
+
+
+def _shards(inputs: InputSet | None, instances: int, eval_pad: int | None) -> list[Shard]:
+    if inputs is None or not inputs.paths:
+        if eval_pad is not None:
+            raise PlanError("--eval-pad needs input files (--input)")
+        return [EMPTY_SHARD] * instances
+    return assign_shards(inputs, instances, eval_pad)
+
+
+def _merge_env(cluster: ClusterSpec, job: JobSpec) -> list[EnvVar]:
+    merged = {k: EnvVar(k, v) for k, v in cluster.env.items()}
+    merged.update({e.name: e for e in job.env})
+    return list(merged.values())

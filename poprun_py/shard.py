@@ -1,0 +1,167 @@
+"""Input shards: each instance gets a disjoint, balanced, deterministic set of input files.
+
+Files are ordered by size (largest first, then path), then dealt out in rounds: each round gives
+one file to every shard, the largest file of the round to the lightest shard. So counts differ by
+at most one, the heaviest shard exceeds the lightest by at most the largest single file, and the
+result does not depend on the order the files were listed in.
+
+``eval_pad=B`` pads every shard to the same whole number of batches of ``B`` entries, repeating
+the shard's own files at its end; ``Shard.padding`` says how many trailing entries are padding.
+
+Example:
+
+    >>> files = [InputFile("a", 50), InputFile("b", 40), InputFile("c", 30), InputFile("d", 5)]
+    >>> [s.files for s in assign_shards(files, 2)]
+    [('a', 'd'), ('b', 'c')]
+    >>> assign_shards(files, 3, eval_pad=2)[0]
+    Shard(files=('a', 'a'), bytes=50, padding=1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from poprun_py.errors import InputError
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and its size in bytes."""
+
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One instance's input: its files, their total bytes (padding excluded), and how many
+    trailing entries of ``files`` are padding repeated to fill the last batch."""
+
+    files: tuple[str, ...] = ()
+    bytes: int = 0
+    padding: int = 0
+
+
+EMPTY_SHARD = Shard()
+
+
+@dataclass(frozen=True)
+class InputSet:
+    """Many input files as two parallel tuples (cheaper than a million InputFile objects)."""
+
+    paths: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @staticmethod
+    def of(files: Sequence[InputFile]) -> InputSet:
+        """An InputSet from InputFile objects."""
+        return InputSet(tuple(f.path for f in files), tuple(f.size for f in files))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def parse_manifest(text: str, source: str = "manifest") -> list[tuple[str, int | None]]:
+    """Parse a manifest: one path a line, optionally followed by a tab or space and its size.
+
+    Blank lines and lines starting with ``#`` are skipped. A line whose last space-separated
+    field is not a number is taken whole as a path (so paths may contain spaces).
+    """
+    entries: list[tuple[str, int | None]] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        path, size = _split_manifest_line(line)
+        if size is not None and size < 0:
+            raise InputError(f"{source}:{lineno}: negative size for {path!r}")
+        entries.append((path, size))
+    if not entries:
+        raise InputError(f"{source}: the manifest lists no files")
+    return entries
+
+
+def _split_manifest_line(line: str) -> tuple[str, int | None]:
+    sep = "\t" if "\t" in line else " "
+    head, _, tail = line.rpartition(sep)
+    tail = tail.strip()
+    if head and (tail.isdigit() or (tail.startswith("-") and tail[1:].isdigit())):
+        return head.strip(), int(tail)
+    return line, None
+
+
+def assign_shards(
+    files: Sequence[InputFile] | InputSet, num_shards: int, eval_pad: int | None = None
+) -> list[Shard]:
+    """Split ``files`` into ``num_shards`` balanced shards (see the module docstring)."""
+    if num_shards < 1:
+        raise InputError("the number of shards must be at least 1")
+    if eval_pad is not None and eval_pad < 1:
+        raise InputError(f"--eval-pad must be at least 1, got {eval_pad}")
+    inputs = files if isinstance(files, InputSet) else InputSet.of(files)
+    if not inputs.paths:
+        return [EMPTY_SHARD] * num_shards
+    import numpy as np
+
+    paths, sizes = _sorted_unique(inputs)
+    order = np.argsort(-sizes, kind="stable")  # largest first; ties keep path order
+    shard_of = np.empty(len(paths), dtype=np.int64)
+    shard_of[order] = _deal(sizes[order], num_shards)
+    members = np.argsort(shard_of, kind="stable")  # by shard, then by path
+    counts = np.bincount(shard_of, minlength=num_shards)
+    totals = np.bincount(shard_of, weights=sizes, minlength=num_shards)
+    per_shard = 0
+    if eval_pad is not None:
+        per_shard = -(-len(paths) // (num_shards * eval_pad)) * eval_pad
+    ordered_paths = paths[members].tolist()
+    shards, start = [], 0
+    for count, total in zip(counts.tolist(), totals.tolist(), strict=True):
+        chunk = ordered_paths[start : start + count]
+        start += count
+        shards.append(_make_shard(chunk, int(total), per_shard, str(paths[int(order[0])])))
+    return shards
+
+
+def _sorted_unique(inputs: InputSet) -> tuple[Any, Any]:
+    """Paths (an object array) sorted and de-duplicated (first listing wins), with their sizes."""
+    import numpy as np
+
+    raw = inputs.paths
+    order = sorted(range(len(raw)), key=raw.__getitem__)
+    paths = np.empty(len(raw), dtype=object)
+    paths[:] = raw
+    paths = paths[order]
+    sizes = np.asarray(inputs.sizes, dtype=np.int64)[order]
+    keep = np.ones(len(paths), dtype=bool)
+    keep[1:] = paths[1:] != paths[:-1]
+    if keep.all():
+        return paths, sizes
+    return paths[keep], sizes[keep]
+
+
+def _deal(sizes: Any, num_shards: int) -> Any:
+    """Deal files (sorted largest first) in rounds, the largest of each round to the lightest
+    shard; returns each file's shard."""
+    import numpy as np
+
+    loads = np.zeros(num_shards, dtype=np.int64)
+    by_load = np.arange(num_shards)
+    result = np.empty(len(sizes), dtype=np.int64)
+    for start in range(0, len(sizes), num_shards):
+        if start:
+            by_load = np.argsort(loads, kind="stable")
+        chunk = sizes[start : start + num_shards]
+        targets = by_load[: len(chunk)]
+        result[start : start + len(chunk)] = targets
+        loads[targets] += chunk
+    return result
+
+
+def _make_shard(paths: list[str], total: int, per_shard: int, fallback: str) -> Shard:
+    padding = max(0, per_shard - len(paths))
+    if padding:
+        pool = paths or [fallback]
+        paths = paths + [pool[i % len(pool)] for i in range(padding)]
+    return Shard(tuple(paths), total, padding)

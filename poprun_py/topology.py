@@ -1,0 +1,161 @@
+"""NUMA topology of a host, and pure parsers for the text that describes it.
+
+The parsers take text (the contents of ``/sys/devices/system/node/node*/cpulist`` or the output of
+``lscpu -p``) and return a :class:`Topology`; they do no I/O, so local discovery (``probe.py``) and
+remote discovery over ssh share them.
+
+Example:
+
+    >>> topo = parse_sysfs_nodes({"node0": "0-3", "node1": "4-7\\n"})
+    >>> [n.cpus for n in topo.numa_nodes]
+    [(0, 1, 2, 3), (4, 5, 6, 7)]
+    >>> parse_cpulist("0-2,8,10-11")
+    (0, 1, 2, 8, 10, 11)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from poprun_py.errors import UsageError
+
+
+class TopologyError(UsageError):
+    """Text that does not describe a topology."""
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """One NUMA node: its id, its CPUs and the devices attached to it."""
+
+    id: int
+    cpus: tuple[int, ...]
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A host's NUMA nodes, in id order."""
+
+    numa_nodes: tuple[NumaNode, ...]
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        """Every CPU of the host, in NUMA-node order."""
+        return tuple(c for n in self.numa_nodes for c in n.cpus)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """Every device of the host, in NUMA-node order."""
+        return tuple(d for n in self.numa_nodes for d in n.devices)
+
+    def describe(self) -> str:
+        """A short summary such as ``2 NUMA nodes, 16 CPUs, 4 devices``."""
+        return (
+            f"{len(self.numa_nodes)} NUMA node{'s' * (len(self.numa_nodes) != 1)}, "
+            f"{len(self.cpus)} CPUs, {len(self.devices)} devices"
+        )
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Parse a Linux cpulist (``0-3,8,10-15:2``) into a sorted tuple of CPU ids."""
+    cpus: set[int] = set()
+    for raw in text.strip().split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        match = _RANGE.match(part)
+        if not match:
+            raise TopologyError(f"bad cpulist element {part!r} in {text.strip()!r}")
+        lo, hi, step = match.group(1), match.group(2), match.group(3)
+        first, last = int(lo), int(hi) if hi is not None else int(lo)
+        if last < first:
+            raise TopologyError(f"bad cpulist range {part!r}: end before start")
+        cpus.update(range(first, last + 1, int(step) if step else 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format CPU ids as a compact cpulist (``0-3,8``), the inverse of :func:`parse_cpulist`."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_sysfs_nodes(cpulists: Mapping[str, str]) -> Topology:
+    """Build a topology from ``{"node0": "<cpulist text>", ...}`` (sysfs node directory names)."""
+    nodes = []
+    for name, text in cpulists.items():
+        match = re.fullmatch(r"node(\d+)", name)
+        if not match:
+            raise TopologyError(f"bad NUMA node name {name!r}; expected nodeN")
+        nodes.append(NumaNode(int(match.group(1)), parse_cpulist(text)))
+    if not nodes:
+        raise TopologyError("no NUMA nodes found")
+    return Topology(tuple(sorted(nodes, key=lambda n: n.id)))
+
+
+def parse_lscpu(text: str) -> Topology:
+    """Build a topology from ``lscpu -p=CPU,NODE`` (or plain ``lscpu -p``) output.
+
+    Lines starting with ``#`` are comments; the column order is taken from the last comment line
+    that names the columns, and defaults to lscpu's ``CPU,Core,Socket,Node,...``.
+    """
+    columns = ["CPU", "CORE", "SOCKET", "NODE"]
+    by_node: dict[int, list[int]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            fields = [f.strip().upper() for f in line.lstrip("#").split(",")]
+            if "CPU" in fields:
+                columns = fields
+            continue
+        if not line:
+            continue
+        values = line.split(",")
+        try:
+            cpu = int(values[columns.index("CPU")])
+            node_text = values[columns.index("NODE")] if "NODE" in columns else "0"
+            node = int(node_text) if node_text else 0
+        except (ValueError, IndexError) as exc:
+            raise TopologyError(f"bad lscpu line {line!r}") from exc
+        by_node.setdefault(node, []).append(cpu)
+    if not by_node:
+        raise TopologyError("lscpu output lists no CPUs")
+    return Topology(tuple(NumaNode(n, tuple(sorted(c))) for n, c in sorted(by_node.items())))
+
+
+def with_devices(topology: Topology, devices_per_node: Mapping[int, Iterable[int]]) -> Topology:
+    """Return ``topology`` with devices attached to the given NUMA nodes."""
+    return Topology(
+        tuple(
+            NumaNode(n.id, n.cpus, tuple(devices_per_node.get(n.id, n.devices)))
+            for n in topology.numa_nodes
+        )
+    )
+
+
+def uniform(num_nodes: int, cpus_per_node: int, devices_per_node: int = 0) -> Topology:
+    """A regular topology: ``num_nodes`` nodes with consecutive CPUs and devices."""
+    return Topology(
+        tuple(
+            NumaNode(
+                i,
+                tuple(range(i * cpus_per_node, (i + 1) * cpus_per_node)),
+                tuple(range(i * devices_per_node, (i + 1) * devices_per_node)),
+            )
+            for i in range(num_nodes)
+        )
+    )
