@@ -25,8 +25,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from poprun_py.errors import PlanError
 from poprun_py.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
@@ -209,7 +209,7 @@ def _host_plans(
         ids = tuple(range(index * per_host, (index + 1) * per_host))
         plans.append(HostPlan(index, host, topo, source, ids))
     notes = []
-    if assumed and default is not None and default_source != "discovered":
+    if assumed and default is not None and default_source == "assumed":
         notes.append(
             f"topology of {len(assumed)} host(s) not declared; assumed to match this machine "
             f"({default.describe()})"
@@ -287,3 +287,38 @@ def _merge_env(cluster: ClusterSpec, job: JobSpec) -> list[EnvVar]:
     merged = {k: EnvVar(k, v) for k, v in cluster.env.items()}
     merged.update({e.name: e for e in job.env})
     return list(merged.values())
+
+
+def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None]) -> LaunchPlan:
+    """``plan`` again with discovered topologies for the hosts whose spec declared none.
+
+    Sizes, shards and notes that do not concern topology are kept."""
+    cluster = plan.cluster
+    if all(h.topology is not None or found.get(h.name) is None for h in cluster.hosts):
+        return plan
+    hosts = tuple(
+        h if h.topology is not None else replace(h, topology=found.get(h.name))
+        for h in cluster.hosts
+    )
+    job = JobSpec(
+        program=plan.program,
+        replicas=plan.num_replicas,
+        instances=plan.num_instances,
+        devices_per_replica=plan.devices_per_replica,
+        numa_aware=plan.numa_aware,
+        group_size=plan.group_size,
+        workdir=plan.workdir,
+        master_port=plan.master_port,
+    )
+    fresh = make_plan(replace(cluster, hosts=hosts), job, default_topology_source="discovered")
+    return replace(
+        fresh,
+        env=plan.env,
+        instances_source=plan.instances_source,
+        eval_pad=plan.eval_pad,
+        instances=tuple(
+            replace(new, shard=old.shard)
+            for new, old in zip(fresh.instances, plan.instances, strict=True)
+        ),
+        notes=tuple(n for n in plan.notes if "assumed" not in n),
+    )

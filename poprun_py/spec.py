@@ -93,6 +93,8 @@ class ClusterSpec:
     defaults: Defaults = field(default_factory=Defaults)
     provider: ProviderSpec | None = None
     setup: str | None = None
+    known_hosts: str | None = None
+    ssh_config: str | None = None
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name`` (KeyError if absent)."""

@@ -1,0 +1,116 @@
+"""The ``poprun-py`` command line: runs the typer app, turning poprun-py's typed errors into one
+line on stderr and the documented exit code.
+
+Command modules are imported lazily: only the module of the command being run is imported, and
+the top-level ``--help`` is built from the :data:`COMMANDS` index alone, so it stays fast.
+
+Example:
+
+    >>> main(["plan", "--hosts", "localhost", "--replicas", "2", "--format", "json", "t.py"])
+    ... # doctest: +ELLIPSIS
+    {"num_replicas":2,...}
+    0
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import importlib
+from typing import Any
+
+from poprun_py.cli.app import app
+from poprun_py.errors import EXIT_INTERRUPTED, EXIT_USAGE, PoprunError
+
+PROG = "poprun-py"
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("launch_cmd", "Show the launch plan: hosts, instances, replicas, binding, shards."),
+    "render": ("launch_cmd", "Show the commands a backend would run (secrets masked)."),
+    "launch": ("launch_cmd", "Launch PROGRAM on every instance of the plan; wait for all."),
+    "exec": ("remote_cmd", "Run a command on every host in parallel."),
+    "sync": ("remote_cmd", "Push files to every host at the same path."),
+    "up": ("provision_cmd", "Create the cluster's nodes, wait for SSH, run its setup script."),
+    "down": ("provision_cmd", "Remove everything poprun-py created for the cluster."),
+    "status": ("provision_cmd", "List provisioned clusters and their nodes."),
+}
+"""Command name → (module under ``poprun_py.cli`` that registers it, one-line help)."""
+
+
+def _subcommand(args: list[str]) -> str | None:
+    return next((a for a in args if not a.startswith("-")), None)
+
+
+def _index_app() -> Any:
+    """An app listing every command by name and help, without importing command modules."""
+    import typer
+
+    index = typer.Typer(
+        name=PROG,
+        help=app.info.help,
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    for name, (_, text) in COMMANDS.items():
+        index.command(name, help=text, add_help_option=False)(_unavailable)
+    return index
+
+
+def _unavailable() -> None:  # pragma: no cover - never reached: real commands are loaded first
+    raise RuntimeError("command index entry called")
+
+
+def _target(args: list[str]) -> Any:
+    name = _subcommand(args)
+    if name not in COMMANDS:
+        return _index_app()
+    importlib.import_module(f"poprun_py.cli.{COMMANDS[name][0]}")
+    return app
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return the exit code (no ``sys.exit``)."""
+    from typer import Abort, Exit
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = _target(args)(args=args, prog_name=PROG, standalone_mode=False)
+    except Exit as exc:
+        return int(exc.exit_code)
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        return EXIT_USAGE
+    except ClickException as exc:
+        _error(_click_message(exc))
+        return EXIT_USAGE
+    except Abort:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except PoprunError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    return int(result) if isinstance(result, int) else 0
+
+
+def _click_message(exc: Exception) -> str:
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    return " ".join(message.split())
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    code = run(argv)
+    sys.stdout.flush()
+    sys.exit(code)

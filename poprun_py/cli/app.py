@@ -1,0 +1,49 @@
+"""The typer application object shared by every command module, and the console used to print.
+
+Command modules (``plan_cmd``, ``launch_cmd``, ``remote_cmd``, ``provision_cmd``) register their
+commands on :data:`app`; ``poprun_py.cli.main`` imports them all and runs the app, turning
+``PoprunError`` into one line on stderr and its exit code. Heavy libraries (rich, fabric,
+paramiko, jinja2, pydantic) are imported inside command functions only, so ``--help`` is fast.
+
+Example:
+
+    >>> from poprun_py.cli.app import app
+    >>> app.info.name
+    'poprun-py'
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+app = typer.Typer(
+    name="poprun-py",
+    help="One-key multi-host launches of distributed training (PopRun-style plans, "
+    "FastGPU-style provisioning).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+PROGRAM_CONTEXT = {"allow_interspersed_args": False}
+"""Context for commands taking ``PROGRAM [ARGS]...``: everything after PROGRAM is the program's."""
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console on stdout (or stderr); imported lazily."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    sys.stderr.write(f"poprun-py: warning: {message}\n")

@@ -1,0 +1,221 @@
+"""``poprun-py plan``, ``render`` and ``launch``: one option set, three depths of the same flow.
+
+``plan`` stops at the plan (table or JSON), ``render`` at the commands, ``launch`` runs them
+(``launch --dry-run`` prints plan and commands and starts nothing).
+
+Example:
+
+    $ poprun-py plan --hosts h1,h2 --replicas 8 --instances 4 train.py
+    $ poprun-py plan -c clusters/pod16.yaml --format json train.py | jq .instances[0]
+    $ poprun-py launch -c clusters/local-2.yaml python examples/train.py --steps 20
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from poprun_py.cli import options as o
+from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.errors import UsageError
+from poprun_py.jobconfig import LaunchOptions, Prepared, prepare
+
+if TYPE_CHECKING:
+    from poprun_py.backends.base import LaunchResult
+    from poprun_py.plan import LaunchPlan
+
+
+def _command(mode: str) -> Callable[..., None]:
+    """Build the command function for ``mode`` (plan | render | launch); same options for all."""
+
+    def command(
+        program: o.Program = None,
+        hosts: o.Hosts = None,
+        cluster: o.Cluster = None,
+        replicas: o.Replicas = None,
+        instances: o.Instances = None,
+        devices_per_replica: o.DevicesPerReplica = None,
+        numa_aware: o.NumaAware = None,
+        group_size: o.GroupSize = None,
+        inputs: o.Inputs = None,
+        eval_pad: o.EvalPad = None,
+        env: o.Env = None,
+        backend: o.Backend = None,
+        workdir: o.Workdir = None,
+        master_port: o.MasterPort = None,
+        mpi_args: o.MpiArgs = None,
+        templates: o.Templates = None,
+        grace_period: o.GracePeriod = None,
+        connect_timeout: o.ConnectTimeout = None,
+        accept_new_host_keys: o.AcceptNewHostKeys = False,
+        known_hosts: o.KnownHosts = None,
+        sync: o.Sync = False,
+        fmt: o.Format = "table",
+        output_dir: o.OutputDir = None,
+        only_output_from_instance: o.OnlyOutputFrom = None,
+        dry_run: o.DryRun = False,
+        print_topology: o.PrintTopology = False,
+    ) -> None:
+        opts = LaunchOptions(
+            program=tuple(program or ()),
+            hosts=hosts,
+            cluster=cluster,
+            replicas=replicas,
+            instances=instances,
+            devices_per_replica=devices_per_replica,
+            numa_aware=numa_aware,
+            group_size=group_size,
+            inputs=tuple(inputs or ()),
+            eval_pad=eval_pad,
+            env=tuple(env or ()),
+            backend=backend,
+            workdir=workdir,
+            master_port=master_port,
+            mpi_args=mpi_args,
+            templates=templates,
+            grace_period=grace_period,
+            connect_timeout=connect_timeout,
+        )
+        if fmt not in ("table", "json"):
+            raise UsageError(f"--format must be table or json, got {fmt!r}")
+        if mode == "launch" and not opts.program:
+            raise UsageError("launch needs a PROGRAM to run")
+        if only_output_from_instance is not None and only_output_from_instance < 0:
+            raise UsageError("--only-output-from-instance must be 0 or more")
+        prep = prepare(opts)
+        if mode == "plan":
+            show_plan(prep.plan, fmt)
+            return
+        if mode == "render" or dry_run:
+            _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
+            return
+        if print_topology:
+            show_plan(prep.plan, "table", stream_stderr=False)
+        _launch(
+            prep, output_dir, only_output_from_instance, accept_new_host_keys, known_hosts, sync
+        )
+
+    command.__name__ = mode
+    command.__doc__ = {
+        "plan": "Show the launch plan (hosts, instances, replicas, NUMA, devices, shards).",
+        "render": "Show the launch commands the backend would run (secrets masked).",
+        "launch": "Launch PROGRAM on every instance of the plan and wait for all of them.",
+    }[mode]
+    return command
+
+
+for _mode in ("plan", "render", "launch"):
+    app.command(_mode, context_settings=PROGRAM_CONTEXT)(_command(_mode))
+
+
+def show_plan(plan: LaunchPlan, fmt: str, stream_stderr: bool = False) -> None:
+    """Print the plan: PopRun's topology table, a summary and the per-instance table, or JSON."""
+    from poprun_py import display
+
+    if fmt == "json":
+        json.dump(display.plan_dict(plan), sys.stdout, separators=(",", ":"))
+        sys.stdout.write("\n")
+        return
+    stream = sys.stderr if stream_stderr else sys.stdout
+    lines = ["poprun-py topology", *display.topology_lines(plan), *display.summary_lines(plan)]
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()
+    console(stderr=stream_stderr).print(_instance_table(plan))
+
+
+def _instance_table(plan: LaunchPlan, limit: int = 64) -> Any:
+    from rich.table import Table
+
+    from poprun_py import display
+
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in display.INSTANCE_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for inst in plan.instances[:limit]:
+        table.add_row(*display.instance_row(plan, inst))
+    if len(plan.instances) > limit:
+        table.caption = f"... and {len(plan.instances) - limit} more instances (--format json)"
+    return table
+
+
+def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
+    from poprun_py import launcher
+    from poprun_py.render import format_job, job_dict
+
+    job_dir = launcher.job_dir_for(prep.plan, output_dir)
+    available = launcher.local_available(prep) if not launcher.is_remote(prep) else {}
+    job = launcher.render(prep, job_dir, available)
+    if fmt == "json":
+        json.dump(job_dict(job), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    if with_plan:
+        show_plan(prep.plan, "table")
+    sys.stdout.write(format_job(job, masked=True))
+    if with_plan:
+        console(stderr=True).print("dry run: nothing was started", markup=False)
+
+
+def _launch(
+    prep: Prepared,
+    output_dir: str | None,
+    only_from: int | None,
+    accept_new: bool,
+    known_hosts: str | None,
+    sync: bool,
+) -> None:
+    from poprun_py import launcher
+    from poprun_py.errors import Interrupted, LaunchFailed
+
+    if only_from is not None and only_from >= prep.plan.num_instances:
+        raise UsageError(
+            f"--only-output-from-instance {only_from}: the plan has "
+            f"{prep.plan.num_instances} instance(s)"
+        )
+    settings = launcher.RunSettings(
+        output_dir=output_dir,
+        only_output_from=only_from,
+        accept_new_host_keys=accept_new,
+        known_hosts=known_hosts,
+        sync=sync,
+    )
+    result = launcher.launch(prep, settings)
+    if result.interrupted:
+        _print_summary(result)
+        raise Interrupted("interrupted: every instance was stopped", result)
+    if not result.ok:
+        _print_summary(result)
+        root = result.root_cause
+        raise LaunchFailed(_describe_root(result), root.code if root else 1, result)
+
+
+def _describe_root(result: LaunchResult) -> str:
+    root = result.root_cause
+    if root is None:
+        return "the launch failed"
+    if root.state == "lost":
+        what = f"lost contact with host {root.host}"
+    elif root.signal is not None:
+        what = f"was killed by signal {root.signal}"
+    else:
+        what = f"exited with code {root.exit_code}"
+    detail = f" ({root.detail})" if root.detail else ""
+    subject = "instance" if root.state != "lost" else "instance"
+    return f"{subject} {root.index} on {root.host} {what}{detail}; every other instance was stopped"
+
+
+def _print_summary(result: LaunchResult) -> None:
+    from rich.table import Table
+
+    table = Table(title="instances", box=None, header_style="bold", title_justify="left")
+    for column in ("instance", "host", "state", "code", "detail"):
+        table.add_column(column)
+    root = result.root_cause
+    ordered = sorted(result.instances, key=lambda r: (r is not root, not r.failed, r.index))
+    for r in ordered:
+        state = "ROOT CAUSE" if r is root else r.state
+        code = "" if r.exit_code is None and r.signal is None else str(r.code)
+        table.add_row(str(r.index), r.host, state, code, r.detail)
+    console(stderr=True).print(table)

@@ -1,0 +1,221 @@
+"""Option declarations shared by ``plan``, ``render`` and ``launch`` (typer ``Annotated`` aliases).
+
+Example:
+
+    >>> from poprun_py.cli.options import Hosts
+    >>> Hosts.__metadata__[0].param_decls
+    ('--hosts', '-H')
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+H_SIZE = "Sizes"
+H_HOSTS = "Hosts"
+H_RUN = "Running"
+H_OUT = "Output"
+
+Program = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Argument(help="The program and its arguments; everything after PROGRAM is passed on."),
+]
+Hosts = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--hosts",
+        "-H",
+        rich_help_panel=H_HOSTS,
+        help="Hosts: h1,h2 | node[01-16] | @hostfile ('host slots=N'). Default: the cluster "
+        "spec's hosts, else the Slurm allocation, else localhost.",
+    ),
+]
+Cluster = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--cluster", "-c", rich_help_panel=H_HOSTS, help="Cluster spec YAML file."),
+]
+Replicas = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--replicas",
+        "-r",
+        rich_help_panel=H_SIZE,
+        help="Total replicas (default: one per instance).",
+    ),
+]
+Instances = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--instances",
+        "-n",
+        rich_help_panel=H_SIZE,
+        help="Total instances (default: hostfile slots, else one per host).",
+    ),
+]
+DevicesPerReplica = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--devices-per-replica",
+        "-d",
+        rich_help_panel=H_SIZE,
+        help="Devices per replica (default 1).",
+    ),
+]
+NumaAware = Annotated[
+    Optional[bool],  # noqa: UP045
+    typer.Option(
+        "--numa-aware/--no-numa-aware",
+        rich_help_panel=H_SIZE,
+        help="Bind instances to their share of each host's NUMA nodes (default on).",
+    ),
+]
+GroupSize = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--group-size",
+        "-g",
+        rich_help_panel=H_SIZE,
+        help="Replica groups of this size, kept within a host when possible.",
+    ),
+]
+Inputs = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--input",
+        "-i",
+        rich_help_panel=H_SIZE,
+        help="Input files: a glob (repeatable) or @manifest ('path [size]' lines).",
+    ),
+]
+EvalPad = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--eval-pad",
+        rich_help_panel=H_SIZE,
+        metavar="BATCH",
+        help="Pad inputs so every instance gets the same number of whole batches.",
+    ),
+]
+Env = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--env",
+        "-e",
+        rich_help_panel=H_RUN,
+        help="KEY=VALUE for every instance (repeatable); KEY alone passes the caller's "
+        "value as a secret, never printed.",
+    ),
+]
+Backend = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--backend",
+        "-b",
+        rich_help_panel=H_RUN,
+        help="local | ssh | mpirun | slurm (default: local when every host is this "
+        "machine, slurm inside an allocation, else ssh).",
+    ),
+]
+Workdir = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--workdir", rich_help_panel=H_RUN, help="Working directory of every instance."),
+]
+MasterPort = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--master-port",
+        rich_help_panel=H_RUN,
+        help="MASTER_PORT (default: a free port locally, 29500 on remote hosts).",
+    ),
+]
+MpiArgs = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--mpi-args",
+        rich_help_panel=H_RUN,
+        help="Extra mpirun options, as one string (split like a shell would).",
+    ),
+]
+Templates = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--templates",
+        rich_help_panel=H_RUN,
+        help="Directory of Jinja2 templates overriding the packaged ones by name.",
+    ),
+]
+GracePeriod = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--grace-period",
+        rich_help_panel=H_RUN,
+        help="Seconds between SIGTERM and SIGKILL when stopping instances (default 5).",
+    ),
+]
+ConnectTimeout = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--connect-timeout",
+        rich_help_panel=H_RUN,
+        help="SSH connect timeout in seconds (default 10).",
+    ),
+]
+AcceptNewHostKeys = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        rich_help_panel=H_RUN,
+        help="Record unknown SSH host keys (a changed key is always refused).",
+    ),
+]
+KnownHosts = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--known-hosts",
+        rich_help_panel=H_RUN,
+        help="Extra known_hosts file (default: the cluster spec's, then ~/.ssh).",
+    ),
+]
+Format = Annotated[
+    str,
+    typer.Option("--format", "-f", rich_help_panel=H_OUT, help="table | json"),
+]
+OutputDir = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--output-dir",
+        "-o",
+        rich_help_panel=H_OUT,
+        help="Write one log per instance (instance-N.log) and the job files here.",
+    ),
+]
+OnlyOutputFrom = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--only-output-from-instance",
+        rich_help_panel=H_OUT,
+        help="Show only this instance's stdout (every instance's errors still show).",
+    ),
+]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run", rich_help_panel=H_OUT, help="Print the plan and the commands; start nothing."
+    ),
+]
+PrintTopology = Annotated[
+    bool,
+    typer.Option(
+        "--print-topology", rich_help_panel=H_OUT, help="Print the topology table before launching."
+    ),
+]
+Sync = Annotated[
+    bool,
+    typer.Option(
+        "--sync",
+        rich_help_panel=H_RUN,
+        help="Push the program's directory to every host before launching.",
+    ),
+]

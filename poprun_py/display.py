@@ -1,0 +1,219 @@
+"""Text views of a plan: PopRun's topology table and the per-instance table rows, and the plan
+JSON of DESIGN.md. Pure functions returning strings and dicts; the CLI prints them.
+
+Example:
+
+    >>> from poprun_py.plan import make_plan
+    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.hosts import parse_hosts
+    >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1")), JobSpec(("t",), 4, 2))
+    >>> print("\\n".join(topology_lines(plan)))
+    | hosts     |       h1      |
+    | instances |   0   |   1   |
+    | replicas  | 0 | 1 | 2 | 3 |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from poprun_py.plan import InstancePlan, LaunchPlan
+from poprun_py.topology import format_cpulist
+
+MAX_CELLS = 32
+
+
+def _span(cells: list[tuple[str, int]]) -> str:
+    """Render cells given as (text, width) centred in their widths, separated by ``|``."""
+    return "|".join(text.center(width) for text, width in cells)
+
+
+def _ranges(first: int, count: int) -> str:
+    return str(first) if count == 1 else f"{first}-{first + count - 1}"
+
+
+def topology_lines(plan: LaunchPlan) -> list[str]:
+    """PopRun's ``--print-topology`` table: hosts / instances / replicas, each cell spanning its
+    children. Large plans fold replicas into ranges per instance, then instances per host."""
+    per_instance = plan.replicas_per_instance
+    per_host = plan.num_instances // len(plan.hosts)
+    fold_replicas = plan.num_replicas > MAX_CELLS
+    fold_instances = plan.num_instances > MAX_CELLS
+    if fold_instances:
+        leaves = [
+            (
+                _ranges(h.instances[0], per_host),
+                _ranges(h.instances[0] * per_instance, per_host * per_instance),
+            )
+            for h in plan.hosts
+        ]
+        rows = {"instances": [[a] for a, _ in leaves], "replicas": [[b] for _, b in leaves]}
+    else:
+        rows = {
+            "instances": [[str(i) for i in h.instances] for h in plan.hosts],
+            "replicas": [
+                _replica_cells(plan.instances[i], fold_replicas)
+                for h in plan.hosts
+                for i in h.instances
+            ],
+        }
+    return _layout(plan, rows, fold_instances)
+
+
+def _replica_cells(inst: InstancePlan, fold: bool) -> list[str]:
+    if fold:
+        return [_ranges(inst.replica_offset, inst.num_local_replicas)]
+    return [str(inst.replica_offset + k) for k in range(inst.num_local_replicas)]
+
+
+def _layout(plan: LaunchPlan, rows: dict[str, list[list[str]]], folded: bool) -> list[str]:
+    leaves = [cell for group in rows["replicas"] for cell in group]
+    widths = [len(c) + 2 for c in leaves]
+    if folded:
+        inst_widths = widths
+    else:
+        inst_widths, k = [], 0
+        for group in rows["replicas"]:
+            inst_widths.append(sum(widths[k : k + len(group)]) + len(group) - 1)
+            k += len(group)
+    inst_cells = [c for group in rows["instances"] for c in group]
+    inst_widths = [max(w, len(c) + 2) for w, c in zip(inst_widths, inst_cells, strict=True)]
+    host_widths, k = [], 0
+    for group in rows["instances"]:
+        host_widths.append(sum(inst_widths[k : k + len(group)]) + len(group) - 1)
+        k += len(group)
+    hosts = [(h.name, w) for h, w in zip(plan.hosts, host_widths, strict=True)]
+    label = "{:<9}".format
+    return [
+        f"| {label('hosts')} |{_span(hosts)}|",
+        f"| {label('instances')} |{_span(list(zip(inst_cells, inst_widths, strict=True)))}|",
+        f"| {label('replicas')} |{_span(list(zip(leaves, _leaf_widths(widths, inst_widths, rows, folded), strict=True)))}|",
+    ]
+
+
+def _leaf_widths(
+    widths: list[int], inst_widths: list[int], rows: dict[str, list[list[str]]], folded: bool
+) -> list[int]:
+    """Stretch the replica cells so they fill their instance cell exactly."""
+    if folded:
+        return inst_widths
+    result, k = [], 0
+    for group, total in zip(rows["replicas"], inst_widths, strict=True):
+        mine = widths[k : k + len(group)]
+        k += len(group)
+        extra = total - (sum(mine) + len(mine) - 1)
+        for j, w in enumerate(mine):
+            result.append(w + extra // len(mine) + (1 if j < extra % len(mine) else 0))
+    return result
+
+
+def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
+    """One row of the per-instance table."""
+    shard = inst.shard
+    files = f"{len(shard.files)}" + (f" (+{shard.padding} pad)" if shard.padding else "")
+    return [
+        str(inst.index),
+        inst.host,
+        str(inst.local_index),
+        _ranges(inst.replica_offset, inst.num_local_replicas),
+        ",".join(map(str, inst.numa_nodes)) or "-",
+        format_cpulist(inst.cpus) or "-",
+        format_cpulist(inst.devices) or "-",
+        ",".join(map(str, inst.groups)) or "-",
+        files,
+        _human(shard.bytes),
+    ]
+
+
+INSTANCE_COLUMNS = (
+    "instance",
+    "host",
+    "local",
+    "replicas",
+    "NUMA",
+    "CPUs",
+    "devices",
+    "groups",
+    "files",
+    "bytes",
+)
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def summary_lines(plan: LaunchPlan) -> list[str]:
+    """A few lines stating the sizes and where the defaults came from."""
+    lines = [
+        f"{plan.num_replicas} replicas on {plan.num_instances} instances "
+        f"({plan.instances_source}) on {len(plan.hosts)} host(s); "
+        f"{plan.replicas_per_instance} replica(s) per instance, "
+        f"{plan.devices_per_replica} device(s) per replica",
+    ]
+    sources = sorted({h.topology_source for h in plan.hosts})
+    lines.append(
+        f"topology: {', '.join(sources)}; NUMA-aware: {'yes' if plan.numa_aware else 'no'}"
+    )
+    if plan.group_size:
+        where = "cross hosts" if plan.groups_cross_hosts else "stay within hosts"
+        lines.append(f"replica groups of {plan.group_size}: {where}")
+    lines.extend(f"note: {n}" for n in plan.notes)
+    return lines
+
+
+def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
+    """The plan JSON of DESIGN.md (plus a few documented extras)."""
+    return {
+        "num_replicas": plan.num_replicas,
+        "num_instances": plan.num_instances,
+        "instances_source": plan.instances_source,
+        "devices_per_replica": plan.devices_per_replica,
+        "numa_aware": plan.numa_aware,
+        "group_size": plan.group_size,
+        "groups_cross_hosts": plan.groups_cross_hosts,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "program": list(plan.program),
+        "notes": list(plan.notes),
+        "hosts": [
+            {
+                "index": h.index,
+                "name": h.name,
+                "address": h.spec.target,
+                "topology_source": h.topology_source,
+                "numa_nodes": [
+                    {"id": n.id, "cpus": list(n.cpus), "devices": list(n.devices)}
+                    for n in (h.topology.numa_nodes if h.topology else ())
+                ],
+                "instances": list(h.instances),
+            }
+            for h in plan.hosts
+        ],
+        "instances": [_instance_dict(i) for i in plan.instances],
+    }
+
+
+def _instance_dict(inst: InstancePlan) -> dict[str, Any]:
+    return {
+        "index": inst.index,
+        "host": inst.host,
+        "host_index": inst.host_index,
+        "local_index": inst.local_index,
+        "replica_offset": inst.replica_offset,
+        "num_local_replicas": inst.num_local_replicas,
+        "numa_nodes": list(inst.numa_nodes),
+        "cpus": list(inst.cpus),
+        "devices": list(inst.devices),
+        "groups": list(inst.groups),
+        "shard": {
+            "files": list(inst.shard.files),
+            "bytes": inst.shard.bytes,
+            "padding": inst.shard.padding,
+        },
+    }

@@ -1,0 +1,72 @@
+"""Input files from ``--input GLOB`` (repeatable) and ``--input @manifest``: the I/O edge of
+sharding. Globs are expanded and sized with ``stat``; manifests may carry sizes (then nothing is
+stat-ed, so a manifest can describe data that lives only on the hosts).
+
+Example:
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "a.rec").write_bytes(b"xx"); _ = (d / "b.rec").write_bytes(b"y")
+    >>> files = collect_inputs([str(d / "*.rec")])
+    >>> [pathlib.Path(p).name for p in files.paths], files.sizes
+    (['a.rec', 'b.rec'], (2, 1))
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+
+from poprun_py.errors import InputError
+from poprun_py.shard import InputSet, parse_manifest
+
+
+def collect_inputs(patterns: Sequence[str], cwd: str | None = None) -> InputSet:
+    """Expand every pattern (glob or ``@manifest``) into one InputSet of absolute paths."""
+    base = cwd or os.getcwd()
+    paths: list[str] = []
+    sizes: list[int] = []
+    for pattern in patterns:
+        if pattern.startswith("@"):
+            more_paths, more_sizes = _from_manifest(pattern[1:], base)
+        else:
+            more_paths, more_sizes = _from_glob(pattern, base)
+        paths.extend(more_paths)
+        sizes.extend(more_sizes)
+    return InputSet(tuple(paths), tuple(sizes))
+
+
+def _from_glob(pattern: str, base: str) -> tuple[list[str], list[int]]:
+    if not pattern:
+        raise InputError("--input needs a glob pattern or @manifest")
+    full = pattern if os.path.isabs(pattern) else os.path.join(base, pattern)
+    matches = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+    if not matches:
+        raise InputError(f"--input {pattern!r} matches no files")
+    return matches, [os.path.getsize(p) for p in matches]
+
+
+def _from_manifest(path: str, base: str) -> tuple[list[str], list[int]]:
+    if not path:
+        raise InputError("'@' must be followed by a manifest path")
+    full = path if os.path.isabs(path) else os.path.join(base, path)
+    try:
+        with open(full, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise InputError(f"manifest {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read manifest {path!r}: {exc}") from None
+    root = os.path.dirname(os.path.abspath(full))
+    paths, sizes = [], []
+    for entry, size in parse_manifest(text, path):
+        absolute = entry if os.path.isabs(entry) else os.path.join(root, entry)
+        if size is None:
+            try:
+                size = os.path.getsize(absolute)
+            except OSError:
+                raise InputError(f"{path}: input file {entry!r} does not exist") from None
+        paths.append(absolute)
+        sizes.append(size)
+    return paths, sizes

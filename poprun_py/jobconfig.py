@@ -1,0 +1,210 @@
+"""From command-line options to a plan: the I/O edge that reads spec files, hostfiles, the
+Slurm allocation, input globs and manifests, and this machine's topology, then calls the pure
+planner. Flags override the cluster spec's ``defaults``, which override built-in defaults.
+
+Example:
+
+    >>> opts = LaunchOptions(hosts="localhost", replicas=4, program=("train.py",))
+    >>> prepared = prepare(opts, environ={})
+    >>> prepared.backend, prepared.plan.num_instances, prepared.plan.instances_source
+    ('local', 1, 'default: one instance per host')
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from poprun_py.backends import check_backend
+from poprun_py.errors import HostExprError, UsageError
+from poprun_py.hosts import HostEntry, parse_hosts, slurm_hosts
+from poprun_py.plan import LaunchPlan, make_plan
+from poprun_py.shard import InputSet
+from poprun_py.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.topology import Topology
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_GRACE_PERIOD = 5.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Every option of ``plan``, ``render`` and ``launch``, as given (None = not given)."""
+
+    program: tuple[str, ...] = ()
+    hosts: str | None = None
+    cluster: str | None = None
+    replicas: int | None = None
+    instances: int | None = None
+    devices_per_replica: int | None = None
+    numa_aware: bool | None = None
+    group_size: int | None = None
+    inputs: tuple[str, ...] = ()
+    eval_pad: int | None = None
+    env: tuple[str, ...] = ()
+    backend: str | None = None
+    workdir: str | None = None
+    master_port: int | None = None
+    mpi_args: str | None = None
+    templates: str | None = None
+    grace_period: float | None = None
+    connect_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A plan and the settings resolved alongside it."""
+
+    plan: LaunchPlan
+    backend: str
+    mpi_args: tuple[str, ...]
+    grace_period: float
+    connect_timeout: float
+    templates: Path | None
+    local_topology: Topology | None
+
+
+def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Prepared:
+    """Resolve options against the spec and the environment, and plan the job."""
+    env = os.environ if environ is None else environ
+    base = _load_base(opts.cluster)
+    cluster = _cluster(opts, base, env)
+    d = cluster.defaults
+    backend = check_backend(opts.backend or d.backend or _default_backend(cluster, env))
+    local_topo = _local_topology() if backend == "local" or cluster.all_local else None
+    job = _job(opts, cluster, env, backend)
+    inputs = _inputs(opts.inputs, job.workdir)
+    plan = make_plan(
+        cluster,
+        job,
+        inputs,
+        default_topology=local_topo,
+        default_topology_source="this machine" if backend == "local" else "assumed",
+    )
+    mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else d.mpi_args
+    return Prepared(
+        plan=plan,
+        backend=backend,
+        mpi_args=mpi_args,
+        grace_period=_first(opts.grace_period, d.grace_period, DEFAULT_GRACE_PERIOD),
+        connect_timeout=_first(opts.connect_timeout, d.connect_timeout, DEFAULT_CONNECT_TIMEOUT),
+        templates=Path(opts.templates) if opts.templates else None,
+        local_topology=local_topo,
+    )
+
+
+def _first(*values: float | None) -> float:
+    return next(float(v) for v in values if v is not None)
+
+
+def _load_base(path: str | None) -> ClusterSpec | None:
+    if path is None:
+        return None
+    from poprun_py.specfile import load_cluster
+
+    return load_cluster(path)
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HostExprError(f"hostfile {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostExprError(f"cannot read hostfile {path!r}: {exc}") from None
+
+
+def _cluster(opts: LaunchOptions, base: ClusterSpec | None, env: Mapping[str, str]) -> ClusterSpec:
+    entries: list[HostEntry] | None = None
+    if opts.hosts is not None:
+        entries = parse_hosts(opts.hosts, read=_read_text)
+    elif base is None or not base.hosts:
+        entries = slurm_hosts(env) or [HostEntry("localhost")]
+    if base is None:
+        assert entries is not None
+        return cluster_from_hosts(entries, simulated=opts.backend == "local")
+    if entries is None:
+        return base
+    return cluster_from_hosts(entries, base=base)
+
+
+def _default_backend(cluster: ClusterSpec, env: Mapping[str, str]) -> str:
+    if cluster.all_local:
+        return "local"
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"):
+        return "slurm"
+    return "ssh"
+
+
+def _local_topology() -> Topology:
+    from poprun_py.probe import discover_local
+
+    return discover_local()
+
+
+def _job(
+    opts: LaunchOptions, cluster: ClusterSpec, env: Mapping[str, str], backend: str
+) -> JobSpec:
+    d = cluster.defaults
+    instances = opts.instances if opts.instances is not None else d.instances
+    replicas = opts.replicas if opts.replicas is not None else d.replicas
+    if replicas is None:
+        replicas = instances if instances is not None else _default_instances(cluster)
+    return JobSpec(
+        program=opts.program,
+        replicas=replicas,
+        instances=opts.instances,
+        devices_per_replica=_pick(opts.devices_per_replica, d.devices_per_replica, 1),
+        numa_aware=bool(_pick(opts.numa_aware, d.numa_aware, True)),
+        group_size=opts.group_size if opts.group_size is not None else d.group_size,
+        env=tuple(EnvVar.parse(e, env) for e in opts.env),
+        workdir=opts.workdir or cluster.workdir,
+        eval_pad=opts.eval_pad,
+        master_port=_master_port(opts, cluster, backend),
+    )
+
+
+def _pick(flag: int | bool | None, default: int | bool | None, builtin: int | bool) -> int:
+    if flag is not None:
+        return int(flag)
+    return int(default) if default is not None else int(builtin)
+
+
+def _default_instances(cluster: ClusterSpec) -> int:
+    slots = [h.slots for h in cluster.hosts]
+    if all(s is not None for s in slots):
+        return sum(s for s in slots if s is not None)
+    return len(cluster.hosts)
+
+
+def _master_port(opts: LaunchOptions, cluster: ClusterSpec, backend: str) -> int:
+    if opts.master_port is not None:
+        if not 1 <= opts.master_port <= 65535:
+            raise UsageError(f"--master-port must be 1-65535, got {opts.master_port}")
+        return opts.master_port
+    if cluster.defaults.master_port is not None:
+        return cluster.defaults.master_port
+    if backend == "local" or cluster.all_local:
+        return free_port()
+    return DEFAULT_MASTER_PORT
+
+
+def free_port() -> int:
+    """A TCP port free on this machine right now (for local jobs' MASTER_PORT)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _inputs(patterns: tuple[str, ...], workdir: str | None) -> InputSet | None:
+    if not patterns:
+        return None
+    from poprun_py.inputs import collect_inputs
+
+    return collect_inputs(patterns, cwd=workdir if workdir and os.path.isdir(workdir) else None)

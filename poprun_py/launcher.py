@@ -1,0 +1,180 @@
+"""Orchestration: prepared plan → (preflight, sync) → render → backend → LaunchResult.
+
+The remote backends open one SSH connection per host here, use it for preflight (which also
+discovers undeclared topologies and re-plans with them), sync and staging, and hand the same
+connections to the backend. Connections are closed in ``finally``.
+
+Example:
+
+    >>> from poprun_py.jobconfig import LaunchOptions, prepare
+    >>> prep = prepare(LaunchOptions(hosts="localhost", program=("true",)), environ={})
+    >>> result = launch(prep, RunSettings())
+    >>> result.ok, [r.exit_code for r in result.instances]
+    (True, [0])
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from poprun_py.backends import BackendContext, get_backend
+from poprun_py.backends.base import LaunchResult, OutputSink, RunOptions
+from poprun_py.jobconfig import Prepared
+from poprun_py.plan import LaunchPlan, replan_with_topologies
+from poprun_py.render import RenderedJob
+from poprun_py.topology import Topology
+
+JOBS_ROOT = "/tmp/poprun-py/jobs"
+LOCAL_BACKENDS = ("local",)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run-time settings that do not change the plan."""
+
+    output_dir: str | None = None
+    only_output_from: int | None = None
+    sink: OutputSink | None = None
+    accept_new_host_keys: bool = False
+    known_hosts: str | None = None
+    sync: bool = False
+
+
+def job_dir_for(plan: LaunchPlan, output_dir: str | None) -> str:
+    """Where a job's files (shard lists, hostfile) go: ``--output-dir`` or a fresh temp dir."""
+    if output_dir:
+        return str(Path(output_dir).resolve())
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{JOBS_ROOT}/{plan.cluster.name}-{stamp}-{os.getpid()}"
+
+
+def is_remote(prep: Prepared) -> bool:
+    """True when the backend reaches hosts over SSH (not local, not all-local mpirun)."""
+    if prep.backend in LOCAL_BACKENDS or prep.backend == "slurm":
+        return False
+    return not prep.plan.cluster.all_local
+
+
+def render(prep: Prepared, job_dir: str, available: Mapping[str, Topology | None]) -> RenderedJob:
+    """Render the prepared plan for its backend."""
+    from poprun_py.render import render_job
+
+    plan = prep.plan
+    return render_job(
+        plan,
+        prep.backend,
+        job_dir=job_dir,
+        templates_dir=prep.templates,
+        available=available,
+        mpi_args=prep.mpi_args,
+        mpi_subnet=mpi_subnet(plan, prep.mpi_args),
+        as_root=_as_root(plan),
+    )
+
+
+def local_available(prep: Prepared) -> dict[str, Topology | None]:
+    """For jobs on this machine: every host's real topology is this machine's."""
+    topo = prep.local_topology
+    if topo is None:
+        from poprun_py.probe import discover_local
+
+        topo = discover_local()
+    return {h.name: topo for h in prep.plan.hosts}
+
+
+def _as_root(plan: LaunchPlan) -> bool:
+    return os.geteuid() == 0 or any(h.spec.user == "root" for h in plan.hosts)
+
+
+def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
+    """The smallest IPv4 network holding every host address, for Open MPI's interface
+    selection (avoids start-up hangs on the wrong NIC); None when the user chose already or
+    the hosts are not all IPv4 addresses."""
+    if any("if_include" in a or "if_exclude" in a for a in mpi_args):
+        return None
+    if plan.cluster.all_local or len(plan.hosts) < 2:
+        return None
+    try:
+        addrs = [ipaddress.IPv4Address(h.spec.target) for h in plan.hosts]
+    except ipaddress.AddressValueError:
+        return None
+    net = ipaddress.IPv4Network(f"{addrs[0]}/32")
+    while not all(a in net for a in addrs):
+        net = net.supernet()
+    return str(net)
+
+
+def launch(prep: Prepared, settings: RunSettings) -> LaunchResult:
+    """Run the prepared job to the end and return every instance's outcome."""
+    if not is_remote(prep):
+        job_dir = job_dir_for(prep.plan, settings.output_dir)
+        job = render(prep, job_dir, local_available(prep))
+        return _run(prep, job, settings, BackendContext())
+    return _launch_remote(prep, settings)
+
+
+def _run(
+    prep: Prepared, job: RenderedJob, settings: RunSettings, ctx: BackendContext
+) -> LaunchResult:
+    options = RunOptions(
+        output_dir=Path(settings.output_dir) if settings.output_dir else None,
+        only_output_from=settings.only_output_from,
+        grace_period=prep.grace_period,
+        sink=settings.sink,
+        connect_timeout=prep.connect_timeout,
+    )
+    return get_backend(prep.backend, ctx).run(job, options)
+
+
+def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
+    """The transport settings for this job (cluster spec, then flags)."""
+    from poprun_py.transport import SshSettings
+
+    cluster = prep.plan.cluster
+    known = settings.known_hosts or cluster.known_hosts
+    return SshSettings(
+        known_hosts=Path(known) if known else None,
+        accept_new_host_keys=settings.accept_new_host_keys,
+        connect_timeout=prep.connect_timeout,
+        ssh_config=Path(cluster.ssh_config) if cluster.ssh_config else None,
+    )
+
+
+def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
+    from poprun_py.preflight import preflight
+    from poprun_py.transport import ConnectionPool
+
+    with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
+        pool.open_all()
+        report = preflight(pool, prep.plan)
+        prep = with_topologies(prep, report.topologies)
+        if settings.sync:
+            from poprun_py.sync import sync
+
+            sync(pool, [sync_root(prep.plan)])
+        job_dir = job_dir_for(prep.plan, settings.output_dir)
+        job = render(prep, job_dir, report.topologies)
+        return _run(prep, job, settings, BackendContext(pool=pool))
+
+
+def sync_root(plan: LaunchPlan) -> str:
+    """What ``--sync`` pushes: the program's directory, else the working directory."""
+    program = plan.program[0] if plan.program else ""
+    for candidate in reversed(plan.program):
+        if os.path.exists(candidate):
+            program = candidate
+            break
+    if program and os.path.exists(program):
+        return str(Path(program).resolve().parent)
+    return plan.workdir or os.getcwd()
+
+
+def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Prepared:
+    """The prepared job re-planned with discovered topologies where the spec declared none."""
+    return replace(prep, plan=replan_with_topologies(prep.plan, found))

@@ -1,0 +1,345 @@
+"""Cluster specs in YAML: validated with pydantic, every fault named by file, line and key.
+
+Unknown keys are errors, types are strict (``replicas: "4"`` is refused), duplicate keys are
+refused, and host names may be node ranges. The result is a :class:`poprun_py.spec.ClusterSpec`.
+
+Example:
+
+    >>> text = '''
+    ... name: demo
+    ... hosts:
+    ...   - name: node[1-2]
+    ...     address: 198.18.0.[11-12]
+    ... '''
+    >>> spec = parse_cluster(text, "demo.yaml")
+    >>> [(h.name, h.address) for h in spec.hosts]
+    [('node1', '198.18.0.11'), ('node2', '198.18.0.12')]
+    >>> parse_cluster("name: x\\nhosts: []\\nreplica: 4\\n", "x.yaml")
+    Traceback (most recent call last):
+    ...
+    poprun_py.errors.SpecError: x.yaml:3: replica: unknown key
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from poprun_py.errors import SpecError, UsageError
+from poprun_py.hosts import check_unique, expand_names
+from poprun_py.spec import ClusterSpec, Defaults, HostSpec, ProviderSpec, check_env_name
+from poprun_py.topology import NumaNode, Topology, parse_cpulist
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _Numa(BaseModel):
+    model_config = _STRICT
+    id: int | None = Field(default=None, ge=0)
+    cpus: str | list[int]
+    devices: list[int] = []
+
+
+class _Topology(BaseModel):
+    model_config = _STRICT
+    numa_nodes: list[_Numa] = Field(min_length=1)
+
+
+class _Host(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+    address: str | None = None
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    topology: str | _Topology | None = None
+    slots: int | None = Field(default=None, ge=1)
+
+
+class _Defaults(BaseModel):
+    model_config = _STRICT
+    backend: Literal["local", "ssh", "mpirun", "slurm"] | None = None
+    replicas: int | None = Field(default=None, ge=1)
+    instances: int | None = Field(default=None, ge=1)
+    devices_per_replica: int | None = Field(default=None, ge=0)
+    numa_aware: bool | None = None
+    group_size: int | None = Field(default=None, ge=1)
+    mpi_args: list[str] = []
+    grace_period: float | None = Field(default=None, ge=0)
+    master_port: int | None = Field(default=None, ge=1, le=65535)
+    python: str | None = None
+    connect_timeout: float | None = Field(default=None, gt=0)
+
+
+class _Ssh(BaseModel):
+    model_config = _STRICT
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+
+
+class _Provider(BaseModel):
+    model_config = _STRICT
+    kind: Literal["local", "static", "aws"]
+    num_nodes: int | None = Field(default=None, ge=1)
+    host_prefix: str | None = None
+    region: str | None = None
+    instance_type: str | None = None
+    image: str | None = None
+    disk_gb: int | None = Field(default=None, ge=1)
+    spot: bool = False
+    placement_group: bool = False
+    ssh_user: str | None = None
+    ssh_cidr: str | None = None
+    endpoint_url: str | None = None
+
+
+class _Cluster(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    simulated: bool = False
+    workdir: str | None = None
+    env: dict[str, str] = {}
+    defaults: _Defaults = _Defaults()
+    ssh: _Ssh = _Ssh()
+    topologies: dict[str, _Topology] = {}
+    hosts: list[_Host] = []
+    provider: _Provider | None = None
+    setup: str | None = None
+
+
+def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
+    """Read and validate a cluster spec file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such cluster spec file", source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read cluster spec: {exc}", source) from None
+    return parse_cluster(text, source)
+
+
+def parse_cluster(text: str, source: str = "<spec>") -> ClusterSpec:
+    """Validate the YAML ``text`` of a cluster spec; ``source`` names it in errors."""
+    data, lines = _load_yaml(text, source)
+    try:
+        model = _Cluster.model_validate(data)
+    except ValidationError as exc:
+        raise _spec_error(exc, lines, source) from None
+    return _to_spec(model, lines, source)
+
+
+def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"malformed YAML: {problem}", source, line) from None
+    if node is None:
+        raise SpecError("the spec is empty", source)
+    if not isinstance(data, dict):
+        raise SpecError("the spec must be a mapping of keys to values", source, 1)
+    lines: dict[tuple[Any, ...], int] = {}
+    _index_lines(node, (), lines, source)
+    return data, lines
+
+
+def _index_lines(
+    node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int], source: str
+) -> None:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise SpecError("duplicate key", source, key_node.start_mark.line + 1, str(key))
+            seen.add(key)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            _index_lines(value_node, (*path, key), lines, source)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*path, i), lines, source)
+
+
+def _line_of(lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> int | None:
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def _spec_error(exc: ValidationError, lines: dict[tuple[Any, ...], int], source: str) -> SpecError:
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
+    key = ".".join(str(p) for p in loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        message = "unknown key"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = err["msg"]
+        if "input" in err and kind not in ("model_type",):
+            message += f" (got {err['input']!r})"
+    more = len(exc.errors()) - 1
+    if more:
+        message += f" (and {more} more fault{'s' * (more > 1)})"
+    return SpecError(message, source, _line_of(lines, loc), key)
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in ("str", "int", "_Topology", "list[int]") or part.startswith(
+        ("function-", "literal[")
+    )
+
+
+def _to_spec(model: _Cluster, lines: dict[tuple[Any, ...], int], source: str) -> ClusterSpec:
+    topologies = {
+        name: _topology(t, lines, source, ("topologies", name))
+        for name, t in model.topologies.items()
+    }
+    for name in model.env:
+        _guard(lambda n=name: check_env_name(n, "env name"), lines, source, ("env", name))
+    hosts: list[HostSpec] = []
+    for i, host in enumerate(model.hosts):
+        hosts.extend(_hosts(host, model.ssh, topologies, lines, source, ("hosts", i)))
+    _guard(lambda: check_unique([h.name for h in hosts]), lines, source, ("hosts",))
+    d = model.defaults
+    return ClusterSpec(
+        name=model.name,
+        hosts=tuple(hosts),
+        source=source,
+        simulated=model.simulated,
+        workdir=model.workdir,
+        env=dict(model.env),
+        defaults=Defaults(
+            backend=d.backend,
+            replicas=d.replicas,
+            instances=d.instances,
+            devices_per_replica=d.devices_per_replica,
+            numa_aware=d.numa_aware,
+            group_size=d.group_size,
+            mpi_args=tuple(d.mpi_args),
+            grace_period=d.grace_period,
+            master_port=d.master_port,
+            python=d.python,
+            connect_timeout=d.connect_timeout,
+        ),
+        provider=ProviderSpec(**model.provider.model_dump()) if model.provider else None,
+        setup=model.setup,
+        known_hosts=_expand(model.ssh.known_hosts),
+        ssh_config=_expand(model.ssh.ssh_config),
+    )
+
+
+def _expand(path: str | None) -> str | None:
+    return os.path.expanduser(path) if path else None
+
+
+def _guard(
+    check: Any, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
+) -> Any:
+    try:
+        return check()
+    except SpecError:
+        raise
+    except UsageError as exc:
+        raise SpecError(str(exc), source, _line_of(lines, path), _key(path)) from None
+
+
+def _key(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _topology(
+    model: _Topology, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
+) -> Topology:
+    nodes = []
+    for i, numa in enumerate(model.numa_nodes):
+        where = (*path, "numa_nodes", i, "cpus")
+        cpus = (
+            _guard(lambda c=numa.cpus: parse_cpulist(c), lines, source, where)
+            if isinstance(numa.cpus, str)
+            else tuple(sorted(set(numa.cpus)))
+        )
+        nodes.append(NumaNode(numa.id if numa.id is not None else i, cpus, tuple(numa.devices)))
+    ids = [n.id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise SpecError("NUMA node ids repeat", source, _line_of(lines, path), _key(path))
+    devices = [d for n in nodes for d in n.devices]
+    if len(set(devices)) != len(devices):
+        raise SpecError(
+            "a device is attached to two NUMA nodes", source, _line_of(lines, path), _key(path)
+        )
+    return Topology(tuple(nodes))
+
+
+def _hosts(
+    host: _Host,
+    ssh: _Ssh,
+    topologies: dict[str, Topology],
+    lines: dict[tuple[Any, ...], int],
+    source: str,
+    path: tuple[Any, ...],
+) -> list[HostSpec]:
+    names = _guard(lambda: expand_names(host.name), lines, source, (*path, "name"))
+    addresses: list[str | None] = [None] * len(names)
+    if host.address is not None:
+        addrs = _guard(
+            lambda: expand_names(host.address or "", "address"), lines, source, (*path, "address")
+        )
+        if len(addrs) != len(names):
+            raise SpecError(
+                f"{len(names)} host name(s) but {len(addrs)} address(es)",
+                source,
+                _line_of(lines, (*path, "address")),
+                _key((*path, "address")),
+            )
+        addresses = list(addrs)
+    topo = _host_topology(host, topologies, lines, source, path)
+    return [
+        HostSpec(
+            name=name,
+            address=addr,
+            user=host.user or ssh.user,
+            port=host.port or ssh.port,
+            identity_file=_expand(host.identity_file or ssh.identity_file),
+            topology=topo,
+            slots=host.slots,
+        )
+        for name, addr in zip(names, addresses, strict=True)
+    ]
+
+
+def _host_topology(
+    host: _Host,
+    topologies: dict[str, Topology],
+    lines: dict[tuple[Any, ...], int],
+    source: str,
+    path: tuple[Any, ...],
+) -> Topology | None:
+    if host.topology is None:
+        return None
+    if isinstance(host.topology, str):
+        if host.topology not in topologies:
+            known = ", ".join(sorted(topologies)) or "none defined"
+            raise SpecError(
+                f"unknown topology {host.topology!r} (known: {known})",
+                source,
+                _line_of(lines, (*path, "topology")),
+                _key((*path, "topology")),
+            )
+        return topologies[host.topology]
+    return _topology(host.topology, lines, source, (*path, "topology"))
