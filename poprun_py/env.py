@@ -17,11 +17,33 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from poprun_py.errors import UsageError
 from poprun_py.plan import InstancePlan, LaunchPlan
 from poprun_py.spec import EnvVar
 
 MASK = "******"
+
+RESERVED_NAMES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+RESERVED_PREFIXES = ("POPDIST_", "POPRUN_")
+
+
+def check_user_env(names: Iterable[str]) -> None:
+    """Refuse user variables that would override what poprun-py sets for every instance."""
+    for name in names:
+        if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES):
+            raise UsageError(f"--env {name}: poprun-py sets {name} itself for every instance")
 
 
 def layout_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:

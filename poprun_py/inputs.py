@@ -17,9 +17,10 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Sequence
+from typing import cast
 
 from poprun_py.errors import InputError
-from poprun_py.shard import InputSet, parse_manifest
+from poprun_py.shard import InputSet, parse_manifest_columns
 
 
 def collect_inputs(patterns: Sequence[str], cwd: str | None = None) -> InputSet:
@@ -59,14 +60,21 @@ def _from_manifest(path: str, base: str) -> tuple[list[str], list[int]]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read manifest {path!r}: {exc}") from None
     root = os.path.dirname(os.path.abspath(full))
-    paths, sizes = [], []
-    for entry, size in parse_manifest(text, path):
-        absolute = entry if os.path.isabs(entry) else os.path.join(root, entry)
-        if size is None:
-            try:
-                size = os.path.getsize(absolute)
-            except OSError:
-                raise InputError(f"{path}: input file {entry!r} does not exist") from None
-        paths.append(absolute)
-        sizes.append(size)
-    return paths, sizes
+    entries, known = parse_manifest_columns(text, path)
+    if text.startswith("/") + text.count("\n/") < len(entries):  # some path is relative
+        entries = [p if p.startswith("/") else os.path.join(root, p) for p in entries]
+    if None not in known:
+        return entries, cast("list[int]", known)
+    return entries, [_stat(path, e, s) for e, s in zip(entries, known, strict=True)]
+
+
+def _stat(manifest: str, path: str, size: int | None) -> int:
+    """``size`` when the manifest gave it, else the file's size on disk."""
+    if size is not None:
+        return size
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        raise InputError(
+            f"{manifest}: input file {os.path.basename(path)!r} does not exist"
+        ) from None

@@ -102,6 +102,7 @@ def make_plan(
     inputs: InputSet | None = None,
     default_topology: Topology | None = None,
     default_topology_source: str = "assumed",
+    discovered: Mapping[str, Topology | None] | None = None,
 ) -> LaunchPlan:
     """Plan ``job`` on ``cluster``; raise PlanError with one clear line if it is impossible."""
     hosts = cluster.hosts
@@ -112,7 +113,9 @@ def make_plan(
     _check_sizes(replicas, instances, len(hosts), job)
     per_host = instances // len(hosts)
     per_instance = replicas // instances
-    host_plans, notes = _host_plans(hosts, per_host, default_topology, default_topology_source)
+    host_plans, notes = _host_plans(
+        hosts, per_host, default_topology, default_topology_source, discovered or {}
+    )
     shards = _shards(inputs, instances, job.eval_pad)
     plans = []
     for hp in host_plans:
@@ -198,11 +201,17 @@ def _check_sizes(replicas: int, instances: int, num_hosts: int, job: JobSpec) ->
 
 
 def _host_plans(
-    hosts: Sequence[HostSpec], per_host: int, default: Topology | None, default_source: str
+    hosts: Sequence[HostSpec],
+    per_host: int,
+    default: Topology | None,
+    default_source: str,
+    discovered: Mapping[str, Topology | None],
 ) -> tuple[list[HostPlan], list[str]]:
     plans, assumed = [], []
     for index, host in enumerate(hosts):
         topo, source = host.topology, "declared"
+        if topo is None and discovered.get(host.name) is not None:
+            topo, source = discovered[host.name], "discovered"
         if topo is None:
             topo, source = default, default_source if default is not None else "unknown"
             assumed.append(host.name)
@@ -296,10 +305,6 @@ def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None
     cluster = plan.cluster
     if all(h.topology is not None or found.get(h.name) is None for h in cluster.hosts):
         return plan
-    hosts = tuple(
-        h if h.topology is not None else replace(h, topology=found.get(h.name))
-        for h in cluster.hosts
-    )
     job = JobSpec(
         program=plan.program,
         replicas=plan.num_replicas,
@@ -310,7 +315,7 @@ def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None
         workdir=plan.workdir,
         master_port=plan.master_port,
     )
-    fresh = make_plan(replace(cluster, hosts=hosts), job, default_topology_source="discovered")
+    fresh = make_plan(cluster, job, discovered=found)
     return replace(
         fresh,
         env=plan.env,

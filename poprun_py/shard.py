@@ -69,7 +69,19 @@ def parse_manifest(text: str, source: str = "manifest") -> list[tuple[str, int |
     Blank lines and lines starting with ``#`` are skipped. A line whose last space-separated
     field is not a number is taken whole as a path (so paths may contain spaces).
     """
-    entries: list[tuple[str, int | None]] = []
+    paths, sizes = parse_manifest_columns(text, source)
+    return list(zip(paths, sizes, strict=True))
+
+
+def parse_manifest_columns(
+    text: str, source: str = "manifest"
+) -> tuple[list[str], list[int | None]]:
+    """:func:`parse_manifest` as two columns; fast when every line carries a size."""
+    fast = _fast_columns(text)
+    if fast is not None:
+        return fast
+    paths: list[str] = []
+    sizes: list[int | None] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -77,10 +89,25 @@ def parse_manifest(text: str, source: str = "manifest") -> list[tuple[str, int |
         path, size = _split_manifest_line(line)
         if size is not None and size < 0:
             raise InputError(f"{source}:{lineno}: negative size for {path!r}")
-        entries.append((path, size))
-    if not entries:
+        paths.append(path)
+        sizes.append(size)
+    if not paths:
         raise InputError(f"{source}: the manifest lists no files")
-    return entries
+    return paths, sizes
+
+
+def _fast_columns(text: str) -> tuple[list[str], list[int | None]] | None:
+    """The common case, at C speed: every line is ``path size`` with single spaces, no tabs,
+    comments, blank lines or leading blanks. None when the text is not that simple."""
+    if not text or "\t" in text or "#" in text or "\r" in text or "\n\n" in text:
+        return None
+    if text.startswith(" ") or "\n " in text:
+        return None
+    parts = [line.rpartition(" ") for line in text.splitlines()]
+    sizes = [p[2] for p in parts]
+    if not all(p[1] for p in parts) or not all(map(str.isdigit, sizes)):
+        return None
+    return [p[0] for p in parts], list(map(int, sizes))
 
 
 def _split_manifest_line(line: str) -> tuple[str, int | None]:
