@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: installs poprun-py, then trains the example model
+# (examples/train.py) data-parallel on two simulated hosts with the local backend. Each
+# instance reads its own shard of the generated data set and prints its loss falling.
+#
+# Usage: scripts/example.sh [extra poprun-py launch options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import poprun_py, numpy' >/dev/null 2>&1; then
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check -e .
+fi
+"$PYTHON" examples/make_data.py --out examples/data >/dev/null
+exec "$PYTHON" -m poprun_py launch --cluster clusters/local-2.yaml \
+    --input 'examples/data/*.npz' "$@" -- "$PYTHON" examples/train.py --steps 30
