@@ -1,16 +1,89 @@
 """Render a plan into launch commands: argv lists and per-instance environments.
 
 Templates live in ``poprun_py/templates`` (the repository's ``templates/``) or a directory the
-user names with ``--templates``. They render to text which is split with :func:`shlex.split`
-into argv lists, so every value is quoted at exactly one place (the ``quote`` filter).
+user names with ``--templates``, whose files override the packaged ones by name. They render to
+text which is split with :func:`shlex.split` into argv lists, so every value is quoted at exactly
+one place (the ``quote`` filter).
+
+- ``instance.j2`` renders once per instance: the numactl binding, then the program. The local
+  and ssh backends run these commands; launchers reuse them as ``inst.argv``.
+- ``<launcher>.j2`` (:data:`LAUNCHER_TEMPLATES`: ``mpirun.j2``, ``mpiexec.j2``, ``srun.j2``)
+  renders once per job into the launcher's argv. A ``{% call file("hostfile") %}...{% endcall %}``
+  block inside it becomes a file of the job directory (:attr:`RenderedJob.files`).
+
+Template context, the same for every launcher: ``backend``, ``plan`` (the LaunchPlan),
+``program``, ``job_dir``, ``files`` (``files.hostfile`` is ``<job_dir>/hostfile``), ``file``
+(the call-block collector), ``hosts`` (:class:`HostContext`), ``targets`` (:class:`Target`: the
+machines as launchers name them, with their slots), ``instances`` (:class:`InstanceContext`),
+``secrets``, ``mpi_args``, ``mpi_subnet``, ``as_root`` and ``appfile``: true when the
+per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a template
+should move it into a file; then the values and program words that cannot be one word of such
+a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: ``quote`` (one
+shell word), ``quoted`` (a list of them, optionally each after a flag), ``word``/``words`` (the
+same for whitespace-separated files such as a hostfile or an Open MPI appfile: unchanged, or a
+RenderError), ``cpulist``.
+
+The context offers no secret value: in ``inst.env`` a ``None`` value means "pass this variable
+by name"; its value is in :attr:`RenderedJob.launcher_env`.
+
+Example:
+
+    >>> from poprun_py.hosts import parse_hosts
+    >>> from poprun_py.plan import make_plan
+    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
+    >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"))
+    >>> plan = make_plan(cluster, JobSpec(("train.py", "--name", "run 1"), replicas=2))
+    >>> job = render_job(plan, "mpirun", job_dir="/tmp/job")
+    >>> job.launcher[:6]
+    ('mpirun', '--tag-output', '--bind-to', 'none', '--hostfile', '/tmp/job/hostfile')
+    >>> job.files["hostfile"]
+    'h1 slots=1\\nh2 slots=1\\n'
+    >>> job.instances[1].argv, job.instances[1].env["RANK"]
+    (('train.py', '--name', 'run 1'), '1')
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+import posixpath
+import re
+import shlex
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from poprun_py.plan import LaunchPlan
+from poprun_py import env as instance_env
+from poprun_py.errors import RenderError, UnknownNameError
+from poprun_py.plan import HostPlan, InstancePlan, LaunchPlan
+from poprun_py.topology import Topology, format_cpulist
+
+if TYPE_CHECKING:
+    import jinja2
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+INSTANCE_TEMPLATE = "instance.j2"
+LAUNCHER_TEMPLATES: Mapping[str, str | None] = {
+    "local": None,
+    "ssh": None,
+    "mpirun": "mpirun.j2",
+    "mpiexec": "mpiexec.j2",
+    "slurm": "srun.j2",
+}
+"""Backend name -> the template of its whole-job launcher (None: instances run directly)."""
+
+ARGV_LIMIT = 100 * 1024
+"""Command lines longer than this (bytes) move their per-instance part into a file."""
+ARGV_MAX = 2 * 1024 * 1024
+"""Linux refuses to exec command lines (plus environment) beyond about this size."""
+EXEC_VAR = "POPRUN_EXEC"
+EXEC_ARGV = ("/bin/sh", "-c", 'eval${IFS}"$POPRUN_EXEC"')
+"""Runs the program from $POPRUN_EXEC when its words cannot be written to the launcher's syntax
+(an Open MPI appfile splits on whitespace and has no quoting; ``:`` separates app contexts).
+The script contains no whitespace: the unquoted ``${IFS}`` expands to the word separator."""
+
+_NOT_A_WORD = re.compile(r"[\s#]")  # appfile/hostfile lines: whitespace splits, '#' comments
 
 
 @dataclass(frozen=True)
@@ -33,8 +106,10 @@ class RenderedJob:
 
     ``instances`` always holds one command per instance (the local and ssh backends run these);
     ``launcher`` is the single whole-job argv for mpirun/mpiexec/srun (empty otherwise);
-    ``files`` maps names relative to ``job_dir`` to contents the backend writes before starting
-    (hostfile, batch script); ``secrets`` names environment values never to print.
+    ``launcher_env`` holds values the launcher must find in its own environment (secrets and
+    values its syntax cannot carry, passed by name); ``files`` maps names relative to
+    ``job_dir`` to contents the backend writes before starting (hostfile, appfile);
+    ``secrets`` names environment values never to print.
     """
 
     backend: str
@@ -45,3 +120,608 @@ class RenderedJob:
     launcher_env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     secrets: frozenset[str] = frozenset()
+
+
+# ------------------------------------------------------------------ template context
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A numactl binding as cpulists; ``nodes`` is empty when no memory binding applies."""
+
+    cpus: str
+    nodes: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine as launchers name it (address, or ``localhost`` for simulated hosts) and the
+    number of instances it runs: one hostfile line."""
+
+    name: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """One plan host for templates: ``slots`` is its instance count."""
+
+    index: int
+    name: str
+    target: Target
+    slots: int
+    instances: tuple[int, ...]
+    plan: HostPlan
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    """One instance for templates.
+
+    ``env`` is ``(name, value)`` pairs in order, ``value`` None for variables passed by name;
+    ``exports`` the same as ``NAME=VALUE`` words (``NAME`` alone when passed by name); ``argv``
+    is the rendered ``instance.j2`` command; ``launch_argv`` is what a launcher should run for
+    it (``argv``, or the binding prefix plus :data:`EXEC_ARGV`).
+    """
+
+    index: int
+    host: HostContext
+    local_index: int
+    plan: InstancePlan
+    binding: Binding | None
+    cwd: str | None
+    shard_file: str
+    argv: tuple[str, ...] = ()
+    launch_argv: tuple[str, ...] = ()
+    _values: Mapping[str, str] = field(default_factory=dict, repr=False)
+    _by_name: frozenset[str] = frozenset()
+
+    @functools.cached_property
+    def env(self) -> tuple[tuple[str, str | None], ...]:
+        """The environment as (name, value) pairs; None for values passed by name."""
+        hidden = self._by_name
+        return tuple([(k, None if k in hidden else v) for k, v in self._values.items()])
+
+    @functools.cached_property
+    def exports(self) -> tuple[str, ...]:
+        """The environment as ``NAME=VALUE`` words, or ``NAME`` for values passed by name."""
+        hidden = self._by_name
+        return tuple([k if k in hidden else f"{k}={v}" for k, v in self._values.items()])
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """``files.hostfile`` / ``files["app file"]``: absolute paths inside the job directory."""
+
+    root: str
+
+    def __getitem__(self, name: str) -> str:
+        return posixpath.join(self.root, _check_file_name(name))
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+
+class _FileCollector:
+    """The ``file`` call-block function: ``{% call file("hostfile") %}text{% endcall %}``."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+
+    def __call__(self, name: str, caller: Callable[[], str]) -> str:
+        if _check_file_name(name) in self.files:
+            raise RenderError(f"file {name!r} is written twice")
+        self.files[name] = str(caller())
+        return ""
+
+
+# ------------------------------------------------------------------ public API
+
+
+def render_job(
+    plan: LaunchPlan,
+    backend: str,
+    *,
+    job_dir: str,
+    templates_dir: Path | None = None,
+    available: Mapping[str, Topology | None] | None = None,
+    mpi_args: Sequence[str] = (),
+    mpi_subnet: str | None = None,
+    as_root: bool = False,
+    argv_limit: int = ARGV_LIMIT,
+) -> RenderedJob:
+    """Render ``plan`` for ``backend``; RenderError (exit 2) names the template and the fault.
+
+    ``available`` maps a host name to the real topology of the machine that runs its instances;
+    bindings keep only CPUs and NUMA nodes that exist there. ``argv_limit`` is the command-line
+    size above which launchers move per-instance arguments into a file.
+    """
+    if backend not in LAUNCHER_TEMPLATES:
+        raise UnknownNameError("backend", backend, list(LAUNCHER_TEMPLATES))
+    jenv = _environment(templates_dir)
+    job_dir = _normalize_dir(job_dir)
+    hosts = _host_contexts(plan)
+    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {})
+    base = _base_context(plan, backend, job_dir, hosts)
+    base.update(mpi_args=tuple(mpi_args), mpi_subnet=mpi_subnet, as_root=as_root)
+    argvs = _render_instances(jenv, base, contexts)
+    commands = tuple(
+        InstanceCommand(
+            c.index, c.host.name, argv, env, c.cwd, c.shard_file, instance_env.shard_text(c.plan)
+        )
+        for c, argv, env in zip(contexts, argvs, envs, strict=True)
+    )
+    secrets = instance_env.secret_names(plan.env)
+    template = LAUNCHER_TEMPLATES[backend]
+    if template is None:
+        return RenderedJob(backend, plan, job_dir, commands, secrets=secrets)
+    launch = _Launch(plan, contexts, argvs, envs, secrets)
+    launcher, launcher_env, files = _render_launcher(jenv, template, base, launch, argv_limit)
+    return RenderedJob(backend, plan, job_dir, commands, launcher, launcher_env, files, secrets)
+
+
+def list_templates(templates_dir: Path | None = None) -> tuple[str, ...]:
+    """The template names available (packaged ones plus those of ``templates_dir``), sorted."""
+    names = {p.name for p in TEMPLATES_DIR.glob("*.j2")}
+    if templates_dir is not None:
+        names.update(p.name for p in _check_dir(templates_dir).glob("*.j2"))
+    return tuple(sorted(names))
+
+
+def format_job(job: RenderedJob, masked: bool = True) -> str:
+    """A RenderedJob as text for ``render`` and ``--dry-run``: shell-quoted lines (shlex.join),
+    the launcher one app context a line, each instance as an ``env ... argv`` line.
+
+    With ``masked`` every secret value is replaced by :data:`poprun_py.env.MASK`.
+    """
+    secrets = job.secrets if masked else frozenset()
+    hosts = len(job.plan.hosts)
+    lines = [f"# {job.backend}: {len(job.instances)} instance(s) on {hosts} host(s)"]
+    lines.append(f"# job dir: {job.job_dir}")
+    if job.launcher:
+        lines += ["# launcher", _format_launcher(job.launcher)]
+    if job.launcher_env:
+        lines.append("# launcher environment")
+        lines += [shlex.quote(f"{k}={v}") for k, v in _masked(job.launcher_env, secrets).items()]
+    for name, text in job.files.items():
+        lines += [f"# file {posixpath.join(job.job_dir, name)}", text.rstrip("\n")]
+    for cmd in job.instances:
+        lines += [_instance_header(cmd), _format_instance(cmd, secrets)]
+    return _scrubber(job, secrets)("\n".join(lines) + "\n")
+
+
+def job_dict(job: RenderedJob, masked: bool = True) -> dict[str, Any]:
+    """A RenderedJob as JSON-ready data (``render --format json``), secrets masked."""
+    secrets = job.secrets if masked else frozenset()
+    scrub = _scrubber(job, secrets)
+    return {
+        "backend": job.backend,
+        "job_dir": job.job_dir,
+        "launcher": [scrub(a) for a in job.launcher],
+        "launcher_env": _masked(job.launcher_env, secrets),
+        "files": {name: scrub(text) for name, text in job.files.items()},
+        "secrets": sorted(job.secrets),
+        "instances": [
+            {
+                "index": cmd.index,
+                "host": cmd.host,
+                "argv": [scrub(a) for a in cmd.argv],
+                "env": _masked(cmd.env, secrets),
+                "cwd": cmd.cwd,
+                "shard_file": cmd.shard_file,
+                "shard": list(job.plan.instances[cmd.index].shard.files),
+            }
+            for cmd in job.instances
+        ],
+    }
+
+
+def render_template(
+    name: str, context: Mapping[str, Any], templates_dir: Path | None = None
+) -> str:
+    """Render any template (e.g. ``sbatch.j2``) with ``context`` and the filters above."""
+    return _render_text(_environment(templates_dir), name, context)
+
+
+# ------------------------------------------------------------------ filters
+
+
+def quote(value: object) -> str:
+    """The ``quote`` filter: one shell word (shlex.quote); a NUL byte is a RenderError."""
+    text = str(value)
+    if "\0" in text:
+        raise RenderError(f"value {text!r} contains a NUL byte")
+    return shlex.quote(text)
+
+
+def word(value: object) -> str:
+    """The ``word`` filter: ``value`` unchanged if it is one token of a whitespace-separated
+    file (hostfile, Open MPI appfile), else RenderError."""
+    text = value if isinstance(value, str) else str(value)
+    if not _is_word(text):
+        raise RenderError(f"{text!r} cannot be one word of a hostfile or appfile")
+    return text
+
+
+def quoted(values: Iterable[object], flag: str | None = None) -> str:
+    """The ``quoted`` filter: every value as a shell word, each after ``flag`` when given
+    (``env | quoted('-x')`` gives ``-x 'A=1' -x B``)."""
+    lead = f"{flag} " if flag else ""
+    return " ".join(lead + quote(v) for v in values)
+
+
+def words(values: Iterable[object], flag: str | None = None) -> str:
+    """The ``words`` filter: ``quoted`` for whitespace-separated files (every value a ``word``)."""
+    texts = [v if isinstance(v, str) else str(v) for v in values]
+    if _NOT_A_WORD.search("\0".join(texts)) or "" in texts or ":" in texts:
+        for text in texts:
+            word(text)
+    lead = f"{flag} " if flag else ""
+    return lead + f" {lead}".join(texts) if texts else ""
+
+
+def _is_word(text: str) -> bool:
+    return bool(text) and text != ":" and not _NOT_A_WORD.search(text)
+
+
+def _carriable(text: str, appfile: bool) -> bool:
+    """True when ``text`` survives as one argument in the launcher's syntax."""
+    return _is_word(text) if appfile else text != ":"
+
+
+def _carriable_value(text: str, appfile: bool) -> bool:
+    """True when an environment value survives inside ``NAME=VALUE`` (or as ``-env N VALUE``)."""
+    return text != ":" and not (appfile and _NOT_A_WORD.search(text))
+
+
+# ------------------------------------------------------------------ Jinja2 environment
+
+
+def _environment(templates_dir: Path | None) -> jinja2.Environment:
+    user = str(_check_dir(templates_dir).resolve()) if templates_dir is not None else None
+    return _cached_environment(user)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_environment(user_dir: str | None) -> jinja2.Environment:
+    import jinja2
+
+    search = [user_dir, str(TEMPLATES_DIR)] if user_dir else [str(TEMPLATES_DIR)]
+    jenv = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - shell words, not HTML; quoting is explicit
+        keep_trailing_newline=True,
+    )
+    jenv.filters.update(quote=quote, quoted=quoted, word=word, words=words, cpulist=format_cpulist)
+    return jenv
+
+
+def _check_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise RenderError(f"templates directory {str(path)!r} does not exist")
+    return path
+
+
+def _render_each(
+    jenv: jinja2.Environment, name: str, contexts: Iterable[Mapping[str, Any]]
+) -> Iterator[str]:
+    """Render template ``name`` once per context (loading it once)."""
+    with _faults(jenv, name):
+        template = jenv.get_template(name)
+        for context in contexts:
+            yield template.render(context)
+
+
+def _render_text(jenv: jinja2.Environment, name: str, context: Mapping[str, Any]) -> str:
+    """Render template ``name`` once."""
+    return "".join(_render_each(jenv, name, [context]))
+
+
+@contextlib.contextmanager
+def _faults(jenv: jinja2.Environment, name: str) -> Iterator[None]:
+    """Turn every fault of a template into a one-line RenderError naming the template."""
+    import jinja2
+
+    try:
+        yield
+    except jinja2.TemplateNotFound as exc:
+        dirs = ", ".join(getattr(jenv.loader, "searchpath", []))
+        raise RenderError(f"template {exc.name!r} not found (looked in {dirs})") from None
+    except jinja2.TemplateSyntaxError as exc:
+        where = f"{exc.filename or exc.name or name}:{exc.lineno}"
+        raise RenderError(_one_line(f"{where}: syntax error: {exc.message}")) from None
+    except jinja2.UndefinedError as exc:
+        raise RenderError(_one_line(f"{_where(exc, name)}: {exc.message}")) from None
+    except RenderError as exc:
+        raise RenderError(_one_line(f"{_where(exc, name)}: {exc}")) from None
+    except Exception as exc:  # a user template's own fault (e.g. 1/0) is still bad input
+        raise RenderError(_one_line(f"{_where(exc, name)}: {type(exc).__name__}: {exc}")) from None
+
+
+def _where(exc: BaseException, name: str) -> str:
+    """``path:line`` of the innermost template frame of ``exc`` (Jinja2 rewrites them)."""
+    where, tb = name, exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.endswith(".j2"):
+            where = f"{filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _split(text: str, name: str) -> tuple[str, ...]:
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise RenderError(f"{name}: output is not valid shell words: {exc}") from None
+    if not argv:
+        raise RenderError(f"{name}: rendered an empty command")
+    return argv
+
+
+# ------------------------------------------------------------------ building contexts
+
+
+def _normalize_dir(path: str) -> str:
+    if not path:
+        raise RenderError("the job directory must not be empty")
+    return path.rstrip("/") or "/"
+
+
+def _check_file_name(name: str) -> str:
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise RenderError(f"bad job file name {name!r}: use a plain file name")
+    return name
+
+
+def _host_contexts(plan: LaunchPlan) -> tuple[HostContext, ...]:
+    """Hosts with their launcher targets; plan hosts sharing a machine share its slots."""
+    names = ["localhost" if plan.cluster.simulated else hp.spec.target for hp in plan.hosts]
+    slots: dict[str, int] = {}
+    for name, hp in zip(names, plan.hosts, strict=True):
+        slots[name] = slots.get(name, 0) + len(hp.instances)
+    targets = {name: Target(name, count) for name, count in slots.items()}
+    return tuple(
+        HostContext(hp.index, hp.name, targets[name], len(hp.instances), hp.instances, hp)
+        for name, hp in zip(names, plan.hosts, strict=True)
+    )
+
+
+def _instance_contexts(
+    plan: LaunchPlan,
+    hosts: Sequence[HostContext],
+    job_dir: str,
+    available: Mapping[str, Topology | None],
+) -> tuple[list[InstanceContext], list[dict[str, str]]]:
+    secrets = instance_env.secret_names(plan.env)
+    bind = _Binder(plan, available)
+    contexts, envs = [], []
+    for inst in plan.instances:
+        shard_file = posixpath.join(job_dir, f"shard-{inst.index}.txt")
+        env = instance_env.instance_env(plan, inst, shard_file)
+        host = hosts[inst.host_index]
+        where = (inst.index, host, inst.local_index, inst, bind(inst), plan.workdir, shard_file)
+        contexts.append(InstanceContext(*where, (), (), env, secrets))
+        envs.append(env)
+    return contexts, envs
+
+
+class _Binder:
+    """numactl bindings, restricted to the CPUs and NUMA nodes the real machine has."""
+
+    def __init__(self, plan: LaunchPlan, available: Mapping[str, Topology | None]):
+        self.enabled = plan.numa_aware
+        self.real: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+        for name, topo in available.items():
+            if topo is not None:
+                self.real[name] = (frozenset(topo.cpus), frozenset(n.id for n in topo.numa_nodes))
+        self.cache: dict[tuple[str, tuple[int, ...], tuple[int, ...]], Binding | None] = {}
+
+    def __call__(self, inst: InstancePlan) -> Binding | None:
+        if not self.enabled or not inst.cpus:
+            return None
+        host = inst.host if inst.host in self.real else ""
+        key = (host, inst.cpus, inst.numa_nodes)
+        if key not in self.cache:
+            self.cache[key] = self._binding(*key)
+        return self.cache[key]
+
+    def _binding(self, host: str, cpus: tuple[int, ...], nodes: tuple[int, ...]) -> Binding | None:
+        if host in self.real:
+            have_cpus, have_nodes = self.real[host]
+            cpus = tuple(c for c in cpus if c in have_cpus)
+            nodes = tuple(n for n in nodes if n in have_nodes)
+        if not cpus:
+            return None
+        return Binding(format_cpulist(cpus), format_cpulist(nodes))
+
+
+def _base_context(
+    plan: LaunchPlan, backend: str, job_dir: str, hosts: tuple[HostContext, ...]
+) -> dict[str, Any]:
+    targets = tuple({h.target.name: h.target for h in hosts}.values())
+    return {
+        "backend": backend,
+        "plan": plan,
+        "program": plan.program,
+        "job_dir": job_dir,
+        "files": JobPaths(job_dir),
+        "hosts": hosts,
+        "targets": targets,
+        "secrets": instance_env.secret_names(plan.env),
+    }
+
+
+def _render_instances(
+    jenv: jinja2.Environment, base: Mapping[str, Any], contexts: Sequence[InstanceContext]
+) -> list[tuple[str, ...]]:
+    """Render ``instance.j2`` for every instance; equal texts are split once."""
+    split: dict[str, tuple[str, ...]] = {}
+    argvs = []
+    texts = _render_each(jenv, INSTANCE_TEMPLATE, ({**base, "inst": ctx} for ctx in contexts))
+    for text in texts:
+        if text not in split:
+            split[text] = _split(text, INSTANCE_TEMPLATE)
+        argvs.append(split[text])
+    return argvs
+
+
+# ------------------------------------------------------------------ launchers
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """Everything needed to build launcher contexts in either syntax (command line/appfile)."""
+
+    plan: LaunchPlan
+    contexts: Sequence[InstanceContext]
+    argvs: Sequence[tuple[str, ...]]
+    envs: Sequence[Mapping[str, str]]
+    secrets: frozenset[str]
+
+    def estimate(self, limit: int) -> int:
+        """A generous estimate of the inline command line's size; stops once over ``limit``."""
+        total = 0
+        for env, argv in zip(self.envs, self.argvs, strict=True):
+            total += 32 + sum(len(k) + len(v) + 8 for k, v in env.items())
+            total += sum(len(a) + 3 for a in argv)
+            if total > limit:
+                break
+        return total
+
+    def contexts_for(self, appfile: bool) -> tuple[list[InstanceContext], dict[str, str]]:
+        """Instance contexts for one syntax, and the values passed by name (launcher_env)."""
+        by_name = self._by_name(appfile)
+        launcher_env = self._uniform_values(by_name)
+        launch_argvs: dict[tuple[str, ...], tuple[str, ...]] = {}
+        result = []
+        for ctx, argv, env in zip(self.contexts, self.argvs, self.envs, strict=True):
+            if argv not in launch_argvs:
+                launch_argvs[argv] = self._launch_argv(argv, appfile)
+            launch_argv = launch_argvs[argv]
+            values, hidden = env, by_name
+            if launch_argv != argv:
+                if EXEC_VAR in env:
+                    raise RenderError(f"{EXEC_VAR} is reserved for poprun-py; do not set it")
+                launcher_env[EXEC_VAR] = "exec " + shlex.join(self.plan.program)
+                values, hidden = {**env, EXEC_VAR: ""}, by_name | {EXEC_VAR}
+            result.append(_launching(ctx, values, hidden, argv, launch_argv))
+        return result, launcher_env
+
+    def _by_name(self, appfile: bool) -> frozenset[str]:
+        """Secrets, and variables with a value the launcher's syntax cannot carry."""
+        names = set(self.secrets)
+        for env in self.envs:
+            values = env.values()
+            if ":" in values or (appfile and _NOT_A_WORD.search("\0".join(values))):
+                names.update(k for k, v in env.items() if not _carriable_value(v, appfile))
+        return frozenset(names)
+
+    def _uniform_values(self, names: Iterable[str]) -> dict[str, str]:
+        """The values of variables passed by name: one per variable, the same everywhere."""
+        values = {}
+        for name in sorted(names):
+            seen = {env[name] for env in self.envs}
+            if len(seen) > 1:
+                example = min(seen, key=lambda v: not _NOT_A_WORD.search(v))
+                raise RenderError(
+                    f"{name} differs between instances and {example!r} cannot be written to an "
+                    "Open MPI appfile (whitespace or '#'); check the job directory"
+                )
+            values[name] = seen.pop()
+        return values
+
+    def _launch_argv(self, argv: tuple[str, ...], appfile: bool) -> tuple[str, ...]:
+        if all(_carriable(a, appfile) for a in argv):
+            return argv
+        program = self.plan.program
+        prefix = argv[: len(argv) - len(program)]
+        if argv[len(prefix) :] == program and all(_carriable(a, appfile) for a in prefix):
+            return prefix + EXEC_ARGV
+        bad = next(a for a in argv if not _carriable(a, appfile))
+        raise RenderError(
+            f"{INSTANCE_TEMPLATE}: argument {bad!r} cannot be written to the launcher's "
+            "command line, and the command does not end with the program"
+        )
+
+
+def _launching(
+    ctx: InstanceContext,
+    values: Mapping[str, str],
+    by_name: frozenset[str],
+    argv: tuple[str, ...],
+    launch_argv: tuple[str, ...],
+) -> InstanceContext:
+    """``ctx`` with its launcher environment and commands."""
+    where = (ctx.index, ctx.host, ctx.local_index, ctx.plan, ctx.binding, ctx.cwd, ctx.shard_file)
+    return InstanceContext(*where, argv, launch_argv, values, by_name)
+
+
+def _render_launcher(
+    jenv: jinja2.Environment,
+    name: str,
+    base: Mapping[str, Any],
+    launch: _Launch,
+    argv_limit: int,
+) -> tuple[tuple[str, ...], dict[str, str], dict[str, str]]:
+    """Render the launcher inline, or with ``appfile`` when the command line would be too long."""
+    appfile = launch.estimate(argv_limit) > argv_limit
+    while True:
+        contexts, launcher_env = launch.contexts_for(appfile)
+        files = _FileCollector()
+        context = {**base, "instances": contexts, "appfile": appfile, "file": files}
+        argv = _split(_render_text(jenv, name, context), name)
+        size = sum(len(a.encode()) + 1 for a in argv)
+        if appfile or size <= argv_limit:
+            break
+        appfile = True
+    if size > ARGV_MAX:
+        raise RenderError(f"{name}: the command line is {size} bytes, more than the OS accepts")
+    return argv, launcher_env, files.files
+
+
+# ------------------------------------------------------------------ display
+
+
+def _format_launcher(argv: tuple[str, ...]) -> str:
+    """One app context a line (split before each ``:``), joined with shell continuations."""
+    parts: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == ":":
+            parts.append([])
+        parts[-1].append(arg)
+    return " \\\n  ".join(shlex.join(p) for p in parts)
+
+
+def _instance_header(cmd: InstanceCommand) -> str:
+    files = cmd.shard_text.count("\n")
+    return f"# instance {cmd.index} on {cmd.host}: shard {cmd.shard_file} ({files} file(s))"
+
+
+def _format_instance(cmd: InstanceCommand, secrets: frozenset[str]) -> str:
+    chdir = [f"--chdir={cmd.cwd}"] if cmd.cwd is not None else []
+    assignments = [f"{k}={v}" for k, v in _masked(cmd.env, secrets).items()]
+    return shlex.join(["env", *chdir, *assignments, *cmd.argv])
+
+
+def _masked(env: Mapping[str, str], secrets: frozenset[str]) -> dict[str, str]:
+    return instance_env.masked(dict(env), secrets)
+
+
+def _scrubber(job: RenderedJob, secrets: frozenset[str]) -> Callable[[str], str]:
+    """Belt and braces: masks any secret value (4+ characters) that reached a text anyway."""
+    values = [v.value for v in job.plan.env if v.name in secrets and len(v.value) >= 4]
+
+    def scrub(text: str) -> str:
+        for value in values:
+            text = text.replace(value, instance_env.MASK)
+        return text
+
+    return scrub

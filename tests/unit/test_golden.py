@@ -1,0 +1,105 @@
+"""Golden files: the rendered commands (``format_job`` text) of three example plans for every
+backend, pinned in ``tests/golden/<cluster>-<backend>.txt``.
+
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 python -m pytest
+tests/unit/test_golden.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from poprun_py.hosts import parse_hosts
+from poprun_py.plan import LaunchPlan, make_plan
+from poprun_py.render import format_job, render_job
+from poprun_py.shard import InputSet
+from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
+from poprun_py.topology import uniform
+
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
+JOB_DIR = "/tmp/poprun-job"
+SECRET = "golden-secret-value"
+BACKENDS = ("local", "ssh", "mpirun", "mpiexec")
+
+
+def sim2() -> LaunchPlan:
+    """Two simulated hosts of one NUMA node with two CPUs; two instances each."""
+    cluster = cluster_from_hosts(
+        parse_hosts("sim1,sim2"), name="sim2", simulated=True, topology=uniform(1, 2)
+    )
+    job = JobSpec(("python", "train.py", "--epochs", "1"), replicas=4, instances=4)
+    return make_plan(cluster, job)
+
+
+def h4() -> LaunchPlan:
+    """Four static hosts by address, topology unknown; user variables and a secret."""
+    hosts = tuple(HostSpec(f"h{i}", address=f"198.18.0.{10 + i}") for i in range(1, 5))
+    env = (
+        EnvVar("LR", "0.1"),
+        EnvVar("MSG", "hello world; $(not run) 'quoted'"),
+        EnvVar("TOKEN", SECRET, secret=True),
+    )
+    job = JobSpec(
+        ("python3", "train.py", "--config", "my config.yaml"),
+        replicas=8,
+        instances=8,
+        env=env,
+        workdir="/srv/train",
+    )
+    return make_plan(ClusterSpec("h4", hosts), job)
+
+
+def node16() -> LaunchPlan:
+    """16 two-socket hosts: 8 NUMA nodes x 16 CPUs, 16 devices (2 a node); 64 replicas of 4
+    devices, 4 instances a host (2 NUMA nodes each), 128 input files."""
+    cluster = cluster_from_hosts(
+        parse_hosts("node[01-16]"), name="node16", topology=uniform(8, 16, 2)
+    )
+    inputs = InputSet(
+        tuple(f"/data/imagenet/train-{i:05d}-of-00128" for i in range(128)),
+        tuple(100_000_000 + 37 * i for i in range(128)),
+    )
+    job = JobSpec(
+        ("python", "resnet.py", "--batch-size", "256"),
+        replicas=64,
+        instances=64,
+        devices_per_replica=4,
+        env=(EnvVar("OMP_NUM_THREADS", "16"),),
+    )
+    return make_plan(cluster, job, inputs)
+
+
+PLANS: dict[str, Callable[[], LaunchPlan]] = {"sim2": sim2, "h4": h4, "node16": node16}
+OPTIONS: dict[str, dict[str, object]] = {
+    "sim2": {},
+    "h4": {"as_root": True, "mpi_subnet": "198.18.0.0/24"},
+    "node16": {"mpi_args": ("--mca", "pml", "ob1")},
+}
+
+
+CASES = [(c, b) for c in PLANS for b in BACKENDS]
+CASES += [("sim2", "mpirun-appfile"), ("h4", "mpirun-appfile")]  # argv_limit=1: --app FILE
+
+
+@pytest.mark.parametrize(("cluster", "case"), CASES)
+def test_rendered_commands_match_the_golden_file(cluster: str, case: str) -> None:
+    backend, _, appfile = case.partition("-")
+    options = {**OPTIONS[cluster], **({"argv_limit": 1} if appfile else {})}
+    job = render_job(PLANS[cluster](), backend, job_dir=JOB_DIR, **options)  # type: ignore[arg-type]
+    assert ("appfile" in job.files) == bool(appfile)
+    text = format_job(job)
+    path = GOLDEN_DIR / f"{cluster}-{case}.txt"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{path.name} differs: review, then UPDATE_GOLDEN=1"
+    assert SECRET not in text
+
+
+def test_every_golden_file_belongs_to_a_case() -> None:
+    expected = {f"{cluster}-{case}.txt" for cluster, case in CASES}
+    assert {p.name for p in GOLDEN_DIR.glob("*.txt")} == expected
