@@ -2,6 +2,8 @@
 
 The pure core turns a cluster spec and a job into a plan (``make_plan``); renderers turn the
 plan into commands; backends run them. Instances read their layout with ``poprun_py.dist``.
+The names below are imported lazily, so ``import poprun_py.dist`` inside every instance stays
+cheap.
 
 Example:
 
@@ -11,10 +13,30 @@ Example:
     ['h1', 'h1', 'h2', 'h2']
 """
 
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.spec import ClusterSpec, JobSpec, cluster_from_hosts
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["ClusterSpec", "JobSpec", "LaunchPlan", "__version__", "cluster_from_hosts",
-           "make_plan", "parse_hosts"]
+
+_LAZY = {
+    "parse_hosts": "poprun_py.hosts",
+    "LaunchPlan": "poprun_py.plan",
+    "make_plan": "poprun_py.plan",
+    "ClusterSpec": "poprun_py.spec",
+    "JobSpec": "poprun_py.spec",
+    "cluster_from_hosts": "poprun_py.spec",
+}
+__all__ = [*_LAZY, "__version__"]
+
+if TYPE_CHECKING:
+    from poprun_py.hosts import parse_hosts
+    from poprun_py.plan import LaunchPlan, make_plan
+    from poprun_py.spec import ClusterSpec, JobSpec, cluster_from_hosts
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'poprun_py' has no attribute {name!r}")

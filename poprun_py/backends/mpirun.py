@@ -1,0 +1,220 @@
+"""The mpirun backend: the rendered ``mpirun ...`` argv runs as one supervised process group.
+
+Open MPI's ``--tag-output`` marks each chunk a rank writes with ``[jobid,rank]<stdout>:`` (or
+``<stderr>:``/``<stddiag>:``); chunks are not lines, so a rank's line may arrive in several
+tagged pieces interleaved with other ranks'. :class:`TagDemux` undoes that and hands whole
+lines to the :class:`~poprun_py.supervise.Output` as ``[host:rank]`` lines of that instance
+(and its log). Untagged lines are mpirun's own (index ``LAUNCHER_INDEX``, ``mpirun.log``); its
+failure report (``Process name: [[x,y],RANK]`` / ``Exit code: N``, or ``process rank R ...
+exited on signal S``) names the root cause.
+
+Ctrl-C: SIGTERM goes to mpirun alone (it forwards it to the ranks), SIGKILL to its group after
+the grace period, then the sweep catches the ranks (which Open MPI puts in groups of their own).
+
+Example:
+
+    >>> report = FailureReport()
+    >>> for line in ["  Process name: [[15968,1],2]", "  Exit code:    3"]:
+    ...     report.scan(line)
+    >>> report.rank, report.exit_code, report.signal
+    (2, 3, None)
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
+from poprun_py.errors import BackendError
+from poprun_py.supervise import (
+    LAUNCHER_INDEX,
+    Child,
+    Feed,
+    Output,
+    Supervised,
+    supervise,
+    write_job_files,
+)
+
+if TYPE_CHECKING:
+    from poprun_py.render import RenderedJob
+
+MPIRUN_MISSING = "mpirun not found on PATH; install Open MPI (Debian: openmpi-bin)"
+
+_TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
+_PARTIAL_TAG = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]*>?)?)?)?\Z")
+_PROCESS_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
+_SIGNALLED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_ABORTED = re.compile(
+    r"MPI_ABORT was invoked on rank (\d+) in communicator \S+ with errorcode (\d+)"
+)
+
+
+class FailureReport:
+    """Reads mpirun's own lines for the rank that failed first, and how."""
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self._pending: int | None = None
+
+    def scan(self, line: str) -> None:
+        """Look at one line of mpirun's own output."""
+        if self.rank is not None:
+            return
+        if m := _PROCESS_NAME.search(line):
+            self._pending = int(m.group(1))
+        elif self._pending is not None and (m := _EXIT_CODE.search(line)):
+            self.rank, self.exit_code = self._pending, int(m.group(1))
+        elif m := _SIGNALLED.search(line):
+            self.rank, self.signal = int(m.group(1)), int(m.group(2))
+        elif m := _ABORTED.search(line):
+            self.rank, self.exit_code = int(m.group(1)), int(m.group(2))
+
+
+class TagDemux:
+    """Splits one of mpirun's pipes into per-rank lines (and mpirun's own lines).
+
+    A tag owns the text after it up to the next newline or the next tag, whichever comes
+    first; text at the start of a line without a tag belongs to mpirun.
+    """
+
+    def __init__(self, output: Output, stream: str, report: FailureReport):
+        self._output, self._stream, self._report = output, stream, report
+        self._owner: tuple[int, str] | None = None
+        self._lines: dict[tuple[int, str], bytes] = {}
+        self._held = b""
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk; hold back a tag cut in two by the read."""
+        data = self._held + data
+        cut = data.rfind(b"[")
+        self._held = b""
+        if cut >= 0 and _PARTIAL_TAG.match(data, cut):
+            data, self._held = data[:cut], data[cut:]
+        self._parse(data)
+
+    def close(self) -> None:
+        """EOF: flush the held bytes and every unfinished line."""
+        self._parse(self._held)
+        self._held = b""
+        for owner, text in list(self._lines.items()):
+            if text:
+                self._emit(owner, text)
+        self._lines.clear()
+
+    def _parse(self, data: bytes) -> None:
+        pos = 0
+        while pos < len(data):
+            if self._owner is None:
+                tag = _TAG.match(data, pos)
+                if tag:
+                    stream = "stdout" if tag.group(3) == b"stdout" else "stderr"
+                    self._owner, pos = (int(tag.group(2)), stream), tag.end()
+                else:
+                    self._owner = (LAUNCHER_INDEX, self._stream)
+            pos = self._take(data, pos)
+
+    def _take(self, data: bytes, pos: int) -> int:
+        """Give ``data[pos:]`` up to the next newline or tag to the current owner."""
+        assert self._owner is not None
+        newline = data.find(b"\n", pos)
+        tag = _TAG.search(data, pos, newline if newline >= 0 else len(data))
+        owner = self._owner
+        if tag:
+            self._lines[owner] = self._lines.get(owner, b"") + data[pos : tag.start()]
+            if owner[0] == LAUNCHER_INDEX:
+                self._flush(owner, keep_empty=False)
+            self._owner = None
+            return tag.start()
+        end = newline if newline >= 0 else len(data)
+        self._lines[owner] = self._lines.get(owner, b"") + data[pos:end]
+        if newline < 0:
+            return end
+        self._flush(owner, keep_empty=True)
+        self._owner = None
+        return newline + 1
+
+    def _flush(self, owner: tuple[int, str], keep_empty: bool) -> None:
+        text = self._lines.pop(owner, b"")
+        if keep_empty or text:
+            self._emit(owner, text)
+
+    def _emit(self, owner: tuple[int, str], text: bytes) -> None:
+        if owner[0] == LAUNCHER_INDEX:
+            self._report.scan(text.decode("utf-8", "replace"))
+        self._output.emit(owner[0], owner[1], text)
+
+
+class MpirunBackend:
+    """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank."""
+
+    name = "mpirun"
+
+    def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
+        """Write the job's files, run mpirun under supervision, report every rank."""
+        if not job.launcher:
+            raise BackendError("the mpirun backend needs a rendered launcher command")
+        if shutil.which(job.launcher[0], path=job.launcher_env.get("PATH")) is None:
+            raise BackendError(MPIRUN_MISSING)
+        write_job_files(job)
+        hosts = {cmd.index: cmd.host for cmd in job.instances}
+        output = Output(options, hosts, launcher="mpirun")
+        report = FailureReport()
+
+        def demux(child: Child, stream: str) -> Feed:
+            return TagDemux(output, stream, report)
+
+        child = Child(
+            LAUNCHER_INDEX, "localhost", job.launcher, job.launcher_env, None, signal_group=False
+        )
+        run = supervise([child], output, grace_period=options.grace_period, feeds=demux)
+        return rank_results(run, hosts, report)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    state: str
+    exit_code: int | None
+    signal: int | None
+    detail: str = ""
+
+
+def rank_results(run: Supervised, hosts: dict[int, str], report: FailureReport) -> LaunchResult:
+    """Map mpirun's exit and failure report onto one InstanceResult per rank."""
+    launcher = run.exits[0]
+    code = launcher.returncode if launcher.returncode is not None else 1
+    outcomes = {rank: _rank_outcome(rank, code, run, report) for rank in hosts}
+    results = tuple(
+        InstanceResult(
+            index=rank,
+            host=hosts[rank],
+            exit_code=o.exit_code,
+            signal=o.signal,
+            state=o.state,
+            started=launcher.started,
+            ended=launcher.ended,
+            detail=o.detail,
+        )
+        for rank, o in sorted(outcomes.items())
+    )
+    return LaunchResult(results, interrupted=run.interrupted, duration=run.duration)
+
+
+def _rank_outcome(rank: int, code: int, run: Supervised, report: FailureReport) -> _Outcome:
+    if run.interrupted:
+        return _Outcome("stopped", None, None, "stopped with mpirun (interrupted)")
+    if report.rank is not None:
+        if rank == report.rank:
+            return _Outcome("exited", report.exit_code, report.signal)
+        return _Outcome("stopped", None, None, f"stopped by mpirun after rank {report.rank} failed")
+    if code == 0:
+        return _Outcome("exited", 0, None)
+    how = f"signal {-code}" if code < 0 else f"code {code}"
+    detail = run.exits[0].detail or f"mpirun ended with {how} without naming a rank"
+    return _Outcome("exited", code if code > 0 else None, -code if code < 0 else None, detail)

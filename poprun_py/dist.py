@@ -1,0 +1,182 @@
+"""The instance side: what a program started by poprun-py reads about its place in the job.
+
+PopDist-like getters (``getNumTotalReplicas`` ...) with snake_case aliases, plus poprun-py's own
+(``host_index``, ``shard_files``, ``replica_groups`` ...). Each reads the instance environment
+that :func:`poprun_py.env.instance_env` sets and falls back to a single process when nothing is
+set: 1 replica, 1 instance, index 0, no shard. This module imports only the standard library
+(no typer, rich, jinja2, fabric, paramiko or pydantic), so it costs an instance next to nothing.
+
+Example (in a training script):
+
+    >>> import os
+    >>> os.environ.update(POPDIST_NUM_TOTAL_REPLICAS="8", POPDIST_INSTANCE_INDEX="1")
+    >>> getNumTotalReplicas(), instance_index(), isPopdistEnvSet(), getNumIpusPerReplica()
+    (8, 1, True, 1)
+    >>> for name in ("POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_INSTANCE_INDEX"):
+    ...     del os.environ[name]
+    >>> files = shard_files()  # this instance's input files; [] when run on its own
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The names poprun_py.env.layout_env sets (tests/unit/test_dist.py checks they agree).
+NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
+INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+NUM_LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+UNIFORM_REPLICAS = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+HOST_INDEX = "POPRUN_HOST_INDEX"
+NUM_HOSTS = "POPRUN_NUM_HOSTS"
+HOST_NAME = "POPRUN_HOST_NAME"
+NUMA_NODES = "POPRUN_NUMA_NODES"
+CPUS = "POPRUN_CPUS"
+DEVICES = "POPRUN_DEVICES"
+SHARD_FILE = "POPRUN_SHARD_FILE"
+SHARD_PADDING = "POPRUN_SHARD_PADDING"
+GROUP_SIZE = "POPRUN_GROUP_SIZE"
+REPLICA_GROUPS = "POPRUN_REPLICA_GROUPS"
+
+NAMES = (
+    NUM_TOTAL_REPLICAS,
+    NUM_INSTANCES,
+    INSTANCE_INDEX,
+    LOCAL_INSTANCE_INDEX,
+    NUM_LOCAL_REPLICAS,
+    REPLICA_INDEX_OFFSET,
+    NUM_IPUS_PER_REPLICA,
+    UNIFORM_REPLICAS,
+    HOST_INDEX,
+    NUM_HOSTS,
+    HOST_NAME,
+    NUMA_NODES,
+    CPUS,
+    DEVICES,
+    SHARD_FILE,
+    SHARD_PADDING,
+    GROUP_SIZE,
+    REPLICA_GROUPS,
+)
+"""Every variable this module reads."""
+
+
+# PopDist's camelCase names come first; the snake_case aliases follow them.
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+def _ints(name: str) -> tuple[int, ...]:
+    value = os.environ.get(name, "")
+    return tuple(int(part) for part in value.split(",") if part.strip())
+
+
+def isPopdistEnvSet() -> bool:
+    """True when the program runs under a launcher that set the PopDist variables."""
+    return NUM_TOTAL_REPLICAS in os.environ
+
+
+def getNumTotalReplicas() -> int:
+    """Replicas in the whole job (1 when unset)."""
+    return _int(NUM_TOTAL_REPLICAS, 1)
+
+
+def getNumInstances() -> int:
+    """Instances in the whole job (1 when unset)."""
+    return _int(NUM_INSTANCES, 1)
+
+
+def getInstanceIndex() -> int:
+    """This instance's index in the job (0 when unset)."""
+    return _int(INSTANCE_INDEX, 0)
+
+
+def getLocalInstanceIndex() -> int:
+    """This instance's index on its host (0 when unset)."""
+    return _int(LOCAL_INSTANCE_INDEX, 0)
+
+
+def getNumLocalReplicas() -> int:
+    """Replicas this instance drives (1 when unset)."""
+    return _int(NUM_LOCAL_REPLICAS, 1)
+
+
+def getReplicaIndexOffset() -> int:
+    """Index of this instance's first replica (0 when unset)."""
+    return _int(REPLICA_INDEX_OFFSET, 0)
+
+
+def getNumIpusPerReplica() -> int:
+    """Devices per replica (1 when unset)."""
+    return _int(NUM_IPUS_PER_REPLICA, 1)
+
+
+num_total_replicas = getNumTotalReplicas
+num_instances = getNumInstances
+instance_index = getInstanceIndex
+local_instance_index = getLocalInstanceIndex
+num_local_replicas = getNumLocalReplicas
+replica_index_offset = getReplicaIndexOffset
+num_devices_per_replica = getNumIpusPerReplica
+is_popdist_env_set = isPopdistEnvSet
+
+
+def host_index() -> int:
+    """Index of this instance's host (0 when unset)."""
+    return _int(HOST_INDEX, 0)
+
+
+def num_hosts() -> int:
+    """Hosts in the job (1 when unset)."""
+    return _int(NUM_HOSTS, 1)
+
+
+def host_name() -> str:
+    """The plan's name of this instance's host ('' when unset)."""
+    return os.environ.get(HOST_NAME, "")
+
+
+def numa_nodes() -> tuple[int, ...]:
+    """NUMA nodes this instance is bound to (empty when unbound)."""
+    return _ints(NUMA_NODES)
+
+
+def cpus() -> tuple[int, ...]:
+    """CPUs this instance is bound to (empty when unbound)."""
+    return _ints(CPUS)
+
+
+def devices() -> tuple[int, ...]:
+    """Devices this instance drives (empty when none)."""
+    return _ints(DEVICES)
+
+
+def shard_files() -> list[str]:
+    """This instance's input files, in order (padding included); [] without a shard file."""
+    path = os.environ.get(SHARD_FILE, "")
+    if not path:
+        return []
+    text = Path(path).read_text(encoding="utf-8")
+    return [line for line in text.split("\n") if line]
+
+
+def shard_padding() -> int:
+    """How many trailing entries of :func:`shard_files` repeat earlier ones as padding."""
+    return _int(SHARD_PADDING, 0)
+
+
+def group_size() -> int:
+    """Replicas per communication group (``--group-size``; all replicas when unset)."""
+    return _int(GROUP_SIZE, getNumTotalReplicas())
+
+
+def replica_groups() -> tuple[int, ...]:
+    """Indices of the groups this instance's replicas belong to (empty when no groups)."""
+    return _ints(REPLICA_GROUPS)

@@ -1,0 +1,581 @@
+"""Process supervision shared by every backend: start, read, stop, sweep, reap.
+
+:func:`supervise` starts each :class:`Child` from an argv list (never a shell) in a process
+group of its own (and a session of its own when poprun-py has a terminal; see
+:class:`~poprun_py.proctree.Spawner`), with stdin closed; many children are started from a few
+threads, since each start waits for its exec.
+One selector loop on the calling thread reads every stdout/stderr pipe and learns of exits
+through pidfds. Output goes through a :class:`Feed` per pipe: by default :class:`LineFeed`,
+which splits lines for an :class:`Output` (per-instance logs, ``only_output_from``, the sink).
+
+When a child fails (non-zero exit, death by a signal, or a program that cannot be started),
+every other child's process group gets SIGTERM, and SIGKILL after the grace period. SIGINT,
+SIGTERM and SIGHUP to poprun-py stop everything the same way (handlers are installed only on
+the main thread, and restored after); a second one sends SIGKILL at once.
+
+Nothing is left behind: poprun-py makes itself a child subreaper (Linux), so every descendant
+stays in its subtree, and once its children are gone (or at a stop) it sweeps ``/proc`` for
+what they left -- processes in their sessions or groups, their descendants, orphans it adopted,
+anything carrying this run's ``POPRUN_RUN_ID`` -- then TERM, grace, KILL, and reaps the
+adopted ones. A child that called ``setsid`` or double-forked is stopped too; no zombie stays.
+The sweep is skipped when the subreaper has no child left at all (the usual, fast case).
+
+Example:
+
+    >>> from poprun_py.backends.base import RunOptions
+    >>> lines = []
+    >>> out = Output(RunOptions(sink=lambda i, s, line: lines.append((i, s, line))), {0: "h1"})
+    >>> run = supervise([Child(0, "h1", ("sh", "-c", "echo hi; exit 3"))], out, grace_period=1)
+    >>> lines, run.exits[0].returncode, run.interrupted
+    ([(0, 'stdout', 'hi')], 3, False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import selectors
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Protocol
+
+from poprun_py.backends.base import InstanceResult, LaunchResult, OutputSink, RunOptions
+from poprun_py.proctree import (
+    Launched,
+    ProcStat,
+    Spawner,
+    adopted_zombies,
+    alive,
+    boot_ticks,
+    descendants,
+    no_children,
+    open_pidfd,
+    reap_adopted,
+    send_signal,
+    starttime,
+    subreaper,
+)
+
+if TYPE_CHECKING:
+    from poprun_py.render import RenderedJob
+
+LAUNCHER_INDEX = -1
+"""The index output lines of a whole-job launcher (mpirun, srun) carry when no rank owns them."""
+
+RUN_ID_VAR = "POPRUN_RUN_ID"
+"""Set in every child's environment; the sweep uses it to find descendants that escaped."""
+
+_READ_SIZE = 65536
+_MAX_LINE = 1 << 20  # a "line" this long without a newline is shown in pieces
+_SPAWN_THREADS = min(4, os.cpu_count() or 1)
+_POLL_FALLBACK = 0.05
+_DRAIN_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Child:
+    """One process to start. ``env`` is added to ``os.environ``. With ``signal_group`` False
+    only the process itself gets SIGTERM (mpirun forwards it to its ranks); SIGKILL always
+    goes to the whole group."""
+
+    index: int
+    host: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    signal_group: bool = True
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How one child ended. ``returncode`` is negative for a signal (subprocess's convention),
+    None when it never started.
+    ``state`` is ``exited`` (on its own), ``stopped`` (poprun-py had signalled it and it did not
+    exit 0) or ``not-started`` (a stop began before its turn came)."""
+
+    index: int
+    host: str
+    returncode: int | None
+    started: float
+    ended: float
+    state: str = "exited"
+    detail: str = ""
+
+    @property
+    def stopped(self) -> bool:
+        """True when poprun-py stopped it (or never started it)."""
+        return self.state != "exited"
+
+    @property
+    def failed(self) -> bool:
+        """True when the child failed in its own right (not merely stopped by us)."""
+        return self.returncode != 0 and not self.stopped
+
+    def result(self) -> InstanceResult:
+        """This exit as an :class:`InstanceResult`."""
+        code = self.returncode
+        return InstanceResult(
+            index=self.index,
+            host=self.host,
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
+            state=self.state,
+            started=self.started,
+            ended=self.ended,
+            detail=self.detail,
+        )
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """What :func:`supervise` observed: every child's exit, in start order."""
+
+    exits: tuple[ChildExit, ...]
+    interrupted: bool
+    duration: float
+
+    def launch_result(self) -> LaunchResult:
+        """One InstanceResult per child (for backends where a child is an instance)."""
+        results = tuple(e.result() for e in self.exits)
+        return LaunchResult(results, interrupted=self.interrupted, duration=self.duration)
+
+
+class Feed(Protocol):
+    """Receives the raw bytes of one pipe, as they arrive, then ``close()`` at EOF."""
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk."""
+
+    def close(self) -> None:
+        """The pipe reached EOF: flush whatever is pending."""
+
+
+FeedFactory = Callable[[Child, str], Feed]
+"""Makes the Feed for one child's stream (``stdout`` or ``stderr``)."""
+
+
+def prefixed_sink(hosts: Mapping[int, str], launcher: str = "launcher") -> OutputSink:
+    """The default sink: ``[host:index] line`` to sys.stdout or sys.stderr, by stream.
+
+    Lines of the launcher itself (index ``LAUNCHER_INDEX``) are prefixed ``[launcher]``.
+    """
+
+    def sink(index: int, stream: str, line: str) -> None:
+        tag = launcher if index == LAUNCHER_INDEX else f"{hosts.get(index, '?')}:{index}"
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(f"[{tag}] {line}\n")
+        out.flush()
+
+    return sink
+
+
+class Output:
+    """Routes output lines: to ``output_dir/instance-<N>.log`` (raw, unprefixed; launcher lines
+    to ``output_dir/<launcher>.log``) and to the sink. With ``only_output_from`` set, stdout of
+    other instances is not shown; stderr and launcher lines always are."""
+
+    def __init__(self, options: RunOptions, hosts: Mapping[int, str], launcher: str = "launcher"):
+        self._only = options.only_output_from
+        self._sink = options.sink or prefixed_sink(hosts, launcher)
+        self._logs: dict[int, IO[bytes]] = {}
+        self._dir = options.output_dir
+        self._launcher = launcher
+        if self._dir is not None:
+            Path(self._dir).mkdir(parents=True, exist_ok=True)
+            for index in hosts:
+                self._logs[index] = (Path(self._dir) / f"instance-{index}.log").open("wb")
+
+    def emit(self, index: int, stream: str, line: bytes) -> None:
+        """One line (without its newline) from instance ``index`` on ``stream``."""
+        log = self._logs.get(index)
+        if log is None and index == LAUNCHER_INDEX and self._dir is not None:
+            log = self._logs[index] = (Path(self._dir) / f"{self._launcher}.log").open("wb")
+        if log is not None:
+            log.write(line + b"\n")
+        if stream == "stdout" and self._only is not None and index not in (self._only, -1):
+            return
+        self._sink(index, stream, line.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        """Flush and close every log file."""
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+
+
+class LineFeed:
+    """Splits a pipe's bytes into lines for one instance's stream."""
+
+    def __init__(self, output: Output, index: int, stream: str):
+        self._output, self._index, self._stream = output, index, stream
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        """Emit every complete line; keep the tail (emitted anyway once it grows too long)."""
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            self._output.emit(self._index, self._stream, line)
+        if len(self._pending) > _MAX_LINE:
+            self._output.emit(self._index, self._stream, self._pending)
+            self._pending = b""
+
+    def close(self) -> None:
+        """Emit a last line that had no newline."""
+        if self._pending:
+            self._output.emit(self._index, self._stream, self._pending)
+            self._pending = b""
+
+
+def write_job_files(job: RenderedJob) -> None:
+    """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700)."""
+    root = job.job_dir
+    made: set[str] = set()
+    for inst in job.instances:
+        if inst.shard_file:
+            _write_private(os.path.join(root, inst.shard_file), inst.shard_text, made)
+    for name, text in job.files.items():
+        _write_private(os.path.join(root, name), text, made)
+
+
+def _write_private(path: str, text: str, made: set[str]) -> None:
+    parent = os.path.dirname(path)
+    if parent not in made:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        made.add(parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
+def supervise(
+    children: Sequence[Child],
+    output: Output,
+    *,
+    grace_period: float = 5.0,
+    feeds: FeedFactory | None = None,
+    new_session: bool | None = None,
+) -> Supervised:
+    """Run ``children`` to the end; stop them all on the first failure or on SIGINT/SIGTERM.
+
+    ``feeds`` makes each pipe's Feed (default: a :class:`LineFeed` into ``output``);
+    ``new_session`` forces (or forbids) a session per child (default: when there is a
+    terminal). ``output`` is closed when this returns. Nothing started here outlives the call.
+    """
+
+    def line_feed(child: Child, stream: str) -> Feed:
+        return LineFeed(output, child.index, stream)
+
+    run = _Run(grace_period, feeds or line_feed, new_session)
+    try:
+        with subreaper() as run.subreaper, run.signal_handlers():
+            return run.run(children)
+    finally:
+        output.close()
+
+
+@dataclass(frozen=True)
+class _Pipe:
+    """One open pipe and the Feed its bytes go to."""
+
+    file: IO[bytes]
+    feed: Feed
+
+    def close(self) -> None:
+        """Close the pipe and flush the feed."""
+        self.file.close()
+        self.feed.close()
+
+
+_STOP_SIGNALS = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+)
+
+_Spawned = tuple[Child, Launched | OSError | None, float]
+"""A child, what starting it gave (None: not started, a stop had begun), and when."""
+
+
+@dataclass
+class _Proc:
+    """A started child and what we know of it."""
+
+    child: Child
+    launched: Launched
+    started: float
+    pidfd: int | None
+    signalled: bool = False
+
+
+class _Run:
+    """The state of one supervision: the selector loop and the stop sequence."""
+
+    def __init__(self, grace: float, feeds: FeedFactory, new_session: bool | None):
+        self.grace, self.feeds = grace, feeds
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.run_id = f"{os.getpid()}-{secrets.token_hex(8)}"
+        self.spawner = Spawner({RUN_ID_VAR: self.run_id}, new_session)
+        self.subreaper = False
+        self.start_failed = False
+        self.live: dict[int, _Proc] = {}
+        self.exits: list[ChildExit] = []
+        self.roots: set[int] = set()
+        boot = boot_ticks()  # every child starts at or after this tick
+        self.since, self.since_unknown = boot or 0, boot is None
+        self.pipes = 0
+        self.stop_at: float | None = None
+        self.killed = False
+        self.interrupts = 0
+        self.t0 = time.time()
+
+    @contextlib.contextmanager
+    def signal_handlers(self) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP stop the run (main thread only; a closed terminal must not
+        leave the instances running); the old handlers come back after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.interrupts += 1
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"\0")
+
+    def run(self, children: Sequence[Child]) -> Supervised:
+        """Start everything, loop until every child and pipe is done, clean up."""
+        try:
+            for child, outcome, when in self._spawn_all(children):
+                if isinstance(outcome, Launched):
+                    self._track(child, outcome, when)
+                elif outcome is None:
+                    self._not_started(child)
+                else:
+                    self._failed_start(child, outcome, when)
+            self._loop()
+        finally:
+            self._abort()
+        order = {c.index: n for n, c in enumerate(children)}
+        exits = tuple(sorted(self.exits, key=lambda e: order[e.index]))
+        return Supervised(exits, self.interrupts > 0, time.time() - self.t0)
+
+    def _spawn_all(self, children: Sequence[Child]) -> Iterator[_Spawned]:
+        """Start the children in order; many of them from a few threads, because each start
+        holds its thread until the child has exec'd, and the threads overlap those waits."""
+        workers = min(_SPAWN_THREADS, len(children) // 4)
+        if workers < 2:
+            yield from map(self._spawn_one, children)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="poprun-spawn") as pool:
+            spawned = list(pool.map(self._spawn_one, children))  # track after: no GIL contention
+        yield from spawned
+
+    def _spawn_one(self, child: Child) -> _Spawned:
+        now = time.time()
+        if self.interrupts or self.stop_at is not None or self.start_failed:
+            return child, None, now
+        try:
+            return child, self.spawner.start(child.argv, child.env, child.cwd), now
+        except OSError as err:
+            self.start_failed = True
+            return child, err, now
+
+    def _failed_start(self, child: Child, err: OSError, when: float) -> None:
+        code = 127 if isinstance(err, FileNotFoundError) else 126
+        detail = f"cannot start {child.argv[0]!r}: {err.strerror or err}"
+        self._record(ChildExit(child.index, child.host, code, when, time.time(), "exited", detail))
+        self._begin_stop()
+
+    def _track(self, child: Child, launched: Launched, now: float) -> None:
+        pid = launched.pid
+        pidfd = open_pidfd(pid)
+        self.live[pid] = _Proc(child, launched, now, pidfd)
+        self.roots.add(pid)
+        if self.since_unknown:
+            start = starttime(pid)
+            self.since = min(self.since or start, start)
+        if pidfd is not None:
+            self.sel.register(pidfd, selectors.EVENT_READ, pid)
+        for stream, pipe in (("stdout", launched.out), ("stderr", launched.err)):
+            self.sel.register(pipe, selectors.EVENT_READ, _Pipe(pipe, self.feeds(child, stream)))
+            self.pipes += 1
+
+    def _not_started(self, child: Child) -> None:
+        now = time.time()
+        self._record(
+            ChildExit(child.index, child.host, None, now, now, "not-started", "not started")
+        )
+
+    def _record(self, exit_: ChildExit) -> None:
+        self.exits.append(exit_)
+
+    def _loop(self) -> None:
+        drain_until: float | None = None
+        while self.live or (self.pipes and time.monotonic() < (drain_until or 0.0)):
+            for key, _ in self.sel.select(self._timeout(drain_until)):
+                self._dispatch(key.data)
+            self._poll_exits()
+            self._check_stop()
+            if not self.live and drain_until is None:
+                self._sweep_leftovers()
+                drain_until = time.monotonic() + _DRAIN_TIMEOUT
+
+    def _timeout(self, drain_until: float | None) -> float | None:
+        now = time.monotonic()
+        waits = [_POLL_FALLBACK] if any(p.pidfd is None for p in self.live.values()) else []
+        if self.stop_at is not None and not self.killed:
+            waits.append(max(0.0, self.stop_at - now))
+        if drain_until is not None:
+            waits.append(max(0.0, drain_until - now))
+        return min(waits) if waits else None
+
+    def _dispatch(self, data: _Pipe | int | None) -> None:
+        if isinstance(data, _Pipe):
+            self._read(data)
+        elif isinstance(data, int):
+            proc = self.live.get(data)  # None: already reaped earlier in this batch
+            if proc is not None:
+                self._reap(proc)
+        else:
+            with contextlib.suppress(OSError):
+                os.read(self.wake_r, 1024)
+
+    def _read(self, pipe: _Pipe) -> None:
+        try:
+            data = os.read(pipe.file.fileno(), _READ_SIZE)
+        except OSError:
+            data = b""
+        if data:
+            pipe.feed.feed(data)
+            return
+        self.sel.unregister(pipe.file)
+        pipe.close()
+        self.pipes -= 1
+
+    def _poll_exits(self) -> None:
+        for proc in list(self.live.values()):
+            if proc.pidfd is None and proc.launched.poll() is not None:
+                self._reap(proc)
+
+    def _reap(self, proc: _Proc) -> None:
+        code = proc.launched.wait()
+        del self.live[proc.launched.pid]
+        if proc.pidfd is not None:
+            self.sel.unregister(proc.pidfd)
+            os.close(proc.pidfd)
+        stopped = proc.signalled and code != 0
+        child, state = proc.child, "stopped" if stopped else "exited"
+        self._record(ChildExit(child.index, child.host, code, proc.started, time.time(), state))
+        if code != 0 and not stopped:
+            self._begin_stop()
+
+    def _check_stop(self) -> None:
+        if self.interrupts and self.stop_at is None:
+            self._begin_stop()
+        if self.interrupts > 1 or (self.stop_at is not None and time.monotonic() >= self.stop_at):
+            self._kill_all()
+
+    def _begin_stop(self) -> None:
+        """SIGTERM every live child (its group, or itself) and every escaped descendant."""
+        if self.stop_at is not None:
+            return
+        self.stop_at = time.monotonic() + self.grace
+        for proc in list(self.live.values()):  # those that already ended did so on their own
+            if proc.launched.poll() is not None:
+                self._reap(proc)
+        for proc in self.live.values():
+            proc.signalled = True
+            send_signal(proc.launched.pid, signal.SIGTERM, group=proc.child.signal_group)
+        for pid in self._escaped(self._leftovers()):
+            send_signal(pid, signal.SIGTERM, group=False)
+
+    def _escaped(self, found: Mapping[int, ProcStat]) -> list[int]:
+        """Leftovers no group signal reaches (they left their child's group), except those
+        under a child that forwards signals itself (mpirun: ``signal_group`` False)."""
+        forwarders = {pid for pid, proc in self.live.items() if not proc.child.signal_group}
+        escaped = []
+        for pid, stat in found.items():
+            if stat[1] in self.live and stat[1] not in forwarders:
+                continue  # its group got the SIGTERM
+            top = pid
+            while top in found and found[top][0] not in self.roots:
+                top = found[top][0]
+            if top not in found or found[top][0] not in forwarders:
+                escaped.append(pid)
+        return escaped
+
+    def _kill_all(self) -> None:
+        if self.killed:
+            return
+        self.killed = True
+        for proc in self.live.values():
+            proc.signalled = True
+            send_signal(proc.launched.pid, signal.SIGKILL, group=True)
+        for pid in self._leftovers():
+            send_signal(pid, signal.SIGKILL, group=False)
+
+    def _leftovers(self) -> dict[int, ProcStat]:
+        found = descendants(self.roots, f"{RUN_ID_VAR}={self.run_id}", self.since)
+        return {pid: stat for pid, stat in found.items() if pid not in self.live}
+
+    def _sweep_leftovers(self) -> None:
+        """All children are gone: stop what they left behind (TERM, grace, KILL) and reap it."""
+        if not self.roots or (self.subreaper and no_children()):
+            return  # a subreaper without children has no descendants left: skip the /proc walk
+        found = set(self._leftovers())
+        if not found:
+            return
+        running = alive(found)
+        if running and not self.killed:
+            for pid in running:
+                send_signal(pid, signal.SIGTERM, group=False)
+            deadline = self.stop_at or time.monotonic() + self.grace
+            while alive(running) and time.monotonic() < deadline:
+                time.sleep(0.01)
+                reap_adopted(found)
+        self._kill_until_gone()
+
+    def _kill_until_gone(self) -> None:
+        deadline = time.monotonic() + max(2.0, self.grace)
+        while time.monotonic() < deadline:
+            found = set(self._leftovers())
+            reap_adopted(found)
+            running = alive(found)
+            if not running and not adopted_zombies(found):
+                return
+            for pid in running:
+                send_signal(pid, signal.SIGKILL, group=False)
+            time.sleep(0.005)
+
+    def _abort(self) -> None:
+        """Last resort on the way out (also on exceptions): kill and reap what remains."""
+        if self.live:
+            self._kill_all()
+            for proc in list(self.live.values()):
+                self._reap(proc)
+            self._kill_until_gone()
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, _Pipe):
+                key.data.close()
+        self.sel.close()
+        self.spawner.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)

@@ -1,0 +1,257 @@
+"""The local backend with real processes: start, output, logs, environment, binding, training."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from poprun_py import render
+from poprun_py.backends.base import LaunchResult, RunOptions
+from poprun_py.backends.local import LocalBackend
+from poprun_py.errors import BackendError
+from poprun_py.hosts import parse_hosts
+from poprun_py.plan import LaunchPlan, make_plan
+from poprun_py.shard import InputFile, InputSet
+from poprun_py.spec import JobSpec, cluster_from_hosts
+from poprun_py.topology import Topology, parse_sysfs_nodes
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+PY = sys.executable
+
+
+def make_job(
+    plan: LaunchPlan, job_dir: Path, available: dict[str, Topology] | None = None
+) -> render.RenderedJob:
+    """The plan rendered for the local backend, as ``poprun-py launch`` renders it."""
+    return render.render_job(plan, "local", job_dir=str(job_dir), available=available)
+
+
+def plan_for(
+    program: list[str],
+    hosts: str = "h1",
+    instances: int = 1,
+    inputs: InputSet | None = None,
+    topology: Topology | None = None,
+    **job: object,
+) -> LaunchPlan:
+    """A plan on simulated hosts (no NUMA binding unless a topology is given)."""
+    cluster = cluster_from_hosts(parse_hosts(hosts), simulated=True, topology=topology)
+    spec = JobSpec(tuple(program), replicas=instances, instances=instances, **job)  # type: ignore[arg-type]
+    return make_plan(cluster, spec, inputs)
+
+
+def run_local(
+    plan: LaunchPlan,
+    tmp_path: Path,
+    available: dict[str, Topology] | None = None,
+    **options: object,
+) -> tuple[LaunchResult, list[tuple[int, str, str]]]:
+    """Run ``plan`` with a capturing sink; return the result and every (index, stream, line)."""
+    lines: list[tuple[int, str, str]] = []
+    opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
+    job = make_job(plan, tmp_path / "job", available)
+    return LocalBackend().run(job, opts), lines
+
+
+def left_behind(marker: str) -> list[str]:
+    """Processes whose command line contains ``marker`` (there must be none after a run)."""
+    pgrep = ["pgrep", "-af", re.escape(marker)]
+    out = subprocess.run(pgrep, capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()
+
+
+def zombies() -> list[int]:
+    """Zombie children of this test process."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if fields[0] == "Z" and int(fields[1]) == os.getpid():
+                found.append(int(name))
+    return found
+
+
+def test_sixteen_instances_of_true_all_exit_zero(tmp_path: Path) -> None:
+    result, lines = run_local(plan_for(["true"], "h[1-4]", instances=16), tmp_path)
+    assert result.ok and result.exit_code == 0
+    assert [r.index for r in result.instances] == list(range(16))
+    assert {(r.state, r.exit_code) for r in result.instances} == {("exited", 0)}
+    assert [r.host for r in result.instances[::4]] == ["h1", "h2", "h3", "h4"]
+    assert lines == []
+    assert zombies() == []
+
+
+def test_default_sink_prefixes_every_line_with_host_and_index(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    script = "echo out $RANK; echo err $RANK >&2"
+    plan = plan_for(["sh", "-c", script], "h1,h2", instances=4)
+    result = LocalBackend().run(make_job(plan, tmp_path / "job"), RunOptions())
+    out, err = capfd.readouterr()
+    assert result.ok
+    assert sorted(out.splitlines()) == [f"[h{i // 2 + 1}:{i}] out {i}" for i in range(4)]
+    assert sorted(err.splitlines()) == [f"[h{i // 2 + 1}:{i}] err {i}" for i in range(4)]
+
+
+def test_per_instance_logs_hold_unprefixed_output(tmp_path: Path) -> None:
+    script = "echo first $RANK; echo second >&2; printf 'no newline'"
+    plan = plan_for(["sh", "-c", script], "h1", instances=3)
+    result, _ = run_local(plan, tmp_path, output_dir=tmp_path / "logs")
+    assert result.ok
+    for i in range(3):
+        log = (tmp_path / "logs" / f"instance-{i}.log").read_bytes()
+        assert log == f"first {i}\nsecond\nno newline\n".encode()
+
+
+def test_only_output_from_shows_one_stdout_but_every_stderr(tmp_path: Path) -> None:
+    plan = plan_for(["sh", "-c", "echo out $RANK; echo err $RANK >&2"], "h1", instances=3)
+    result, lines = run_local(plan, tmp_path, only_output_from=1, output_dir=tmp_path / "logs")
+    assert result.ok
+    assert sorted(line for _, s, line in lines if s == "stdout") == ["out 1"]
+    assert sorted(line for _, s, line in lines if s == "stderr") == ["err 0", "err 1", "err 2"]
+    assert (tmp_path / "logs" / "instance-2.log").read_text().startswith("out 2\n")
+
+
+def test_instances_see_their_layout_shard_and_workdir(tmp_path: Path) -> None:
+    files = [InputFile(str(tmp_path / f"in{i}.npz"), 100 - i) for i in range(6)]
+    code = (
+        "import json, os; from poprun_py import dist; "
+        "print(json.dumps([dist.getInstanceIndex(), dist.getNumInstances(), "
+        "dist.getReplicaIndexOffset(), dist.host_index(), dist.shard_files(), os.getcwd(), "
+        "oct(os.stat(os.environ['POPRUN_SHARD_FILE']).st_mode & 0o777)]))"
+    )
+    workdir = tmp_path / "work dir"
+    workdir.mkdir()
+    plan = plan_for(
+        [PY, "-c", code], "h1,h2", instances=4, inputs=InputSet.of(files), workdir=str(workdir)
+    )
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(REPO)
+    try:
+        result, lines = run_local(plan, tmp_path)
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
+    assert result.ok, lines
+    seen = {i: json.loads(line) for i, s, line in lines if s == "stdout"}
+    for inst in plan.instances:
+        index, count, offset, host, shard, cwd, mode = seen[inst.index]
+        assert (index, count, offset, host) == (inst.index, 4, inst.replica_offset, inst.host_index)
+        assert shard == list(inst.shard.files) and shard
+        assert (cwd, mode) == (str(workdir), "0o600")
+
+
+def this_machine() -> Topology:
+    """This machine's NUMA topology from /sys (one node with every allowed CPU if absent)."""
+    root = Path("/sys/devices/system/node")
+    nodes = {p.name: (p / "cpulist").read_text() for p in root.glob("node[0-9]*")}
+    if not nodes:
+        nodes = {"node0": ",".join(map(str, sorted(os.sched_getaffinity(0))))}
+    return parse_sysfs_nodes(nodes)
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
+def test_instances_run_on_the_cpus_the_plan_binds_them_to(tmp_path: Path) -> None:
+    topology = this_machine()
+    if len(topology.cpus) < 2 or set(topology.cpus) - os.sched_getaffinity(0):
+        pytest.skip(f"needs 2 usable CPUs; this machine: {topology.describe()}")
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    plan = plan_for([PY, "-c", code], "localhost", instances=2, topology=topology)
+    result, lines = run_local(plan, tmp_path, available={"localhost": topology})
+    assert result.ok, lines
+    allowed = {i: line for i, s, line in lines if s == "stdout"}
+    first, second = plan.instances
+    assert first.cpus and second.cpus and not set(first.cpus) & set(second.cpus)
+    for inst in plan.instances:
+        assert allowed[inst.index] == str(sorted(inst.cpus))
+
+
+def test_missing_numactl_is_one_line_backend_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_for(
+        ["true"], "localhost", instances=2, topology=parse_sysfs_nodes({"node0": "0-1"})
+    )
+    job = make_job(plan, tmp_path / "job")
+    if not any(Path(c.argv[0]).name == "numactl" for c in job.instances):
+        pytest.skip("the renderer does not bind through numactl here")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BackendError, match=r"^numactl not found on PATH.*$"):
+        LocalBackend().run(job, RunOptions())
+
+
+def test_missing_program_fails_its_instance_with_127(tmp_path: Path) -> None:
+    marker = f"{30 + uuid.uuid4().int % 1000 / 997:.6f}"
+    script = f'if [ "$RANK" = 1 ]; then exec /nonexistent/prog; fi; exec sleep {marker}'
+    plan = plan_for(["sh", "-c", script], "h1", instances=2)
+    result, _ = run_local(plan, tmp_path, grace_period=2)
+    assert result.exit_code == 127 and result.root_cause is not None
+    assert result.root_cause.index == 1
+    assert left_behind(f"sleep {marker}") == []
+
+
+def test_unstartable_program_is_reported_not_raised(tmp_path: Path) -> None:
+    plan = plan_for([str(tmp_path / "no such program")], "h1", instances=2)
+    result, _ = run_local(plan, tmp_path)
+    assert result.exit_code == 127
+    assert [r.index for r in result.failures] == [0]
+    assert "cannot start" in result.instances[0].detail
+    assert result.instances[1].state == "not-started"
+
+
+def test_example_training_loss_falls_and_instances_agree(tmp_path: Path) -> None:
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from make_data import ensure_data
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    paths = ensure_data(tmp_path / "data", files=8, rows=64)
+    inputs = InputSet.of([InputFile(str(p), p.stat().st_size) for p in paths])
+    program = [PY, str(EXAMPLES / "train.py"), "--steps", "20", "--timeout", "20"]
+    plan = plan_for(program, "h1,h2", instances=4, inputs=inputs, master_port=_free_port())
+    result, lines = run_local(plan, tmp_path)
+    assert result.ok, lines
+    losses: dict[int, list[float]] = {}
+    for index, stream, line in lines:
+        if stream == "stdout" and line.startswith("step "):
+            losses.setdefault(index, []).append(float(line.split()[-1]))
+    assert sorted(losses) == [0, 1, 2, 3]
+    assert all(v == losses[0] for v in losses.values()), "every instance has the same loss"
+    assert losses[0][-1] < losses[0][0] * 0.8
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_example_training_fails_cleanly_when_a_peer_never_comes(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    env.pop("OMPI_COMM_WORLD_SIZE", None)
+    program = [PY, str(EXAMPLES / "train.py"), "--timeout", "0.5", "--data", str(tmp_path)]
+    done = subprocess.run(program, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.startswith("train.py: error: rank 1: cannot reach rank 0 at 127.0.0.1:")
+    assert len(done.stderr.splitlines()) == 1
