@@ -28,7 +28,15 @@ _LAZY = {
     "JobSpec": "poprun_py.spec",
     "cluster_from_hosts": "poprun_py.spec",
 }
-__all__ = [*_LAZY, "__version__"]
+__all__ = [
+    "ClusterSpec",
+    "JobSpec",
+    "LaunchPlan",
+    "__version__",
+    "cluster_from_hosts",
+    "make_plan",
+    "parse_hosts",
+]
 
 if TYPE_CHECKING:
     from poprun_py.hosts import parse_hosts
