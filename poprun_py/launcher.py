@@ -151,8 +151,7 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
     from poprun_py.transport import ConnectionPool
 
     with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
-        pool.open_all()
-        report = preflight(pool, prep.plan)
+        report = preflight(pool, prep.plan)  # connects every host; all faults in one error
         prep = with_topologies(prep, report.topologies)
         if settings.sync:
             from poprun_py.sync import sync

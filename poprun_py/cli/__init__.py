@@ -14,14 +14,13 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
-
-import importlib
 from typing import Any
 
 from poprun_py.cli.app import app
-from poprun_py.errors import EXIT_INTERRUPTED, EXIT_USAGE, PoprunError
+from poprun_py.errors import EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, PreflightError
 
 PROG = "poprun-py"
 
@@ -73,35 +72,51 @@ def _target(args: list[str]) -> Any:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return the exit code (no ``sys.exit``)."""
-    from typer import Abort, Exit
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
-
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = _target(args)(args=args, prog_name=PROG, standalone_mode=False)
-    except Exit as exc:
+    except (Exception, KeyboardInterrupt) as exc:
+        return _exit_code(exc)
+    return int(result) if isinstance(result, int) else 0
+
+
+def _exit_code(exc: BaseException) -> int:
+    """Turn an error into one line on stderr and its exit code; re-raise what is not ours."""
+    from typer import Abort, Exit
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+    if isinstance(exc, Exit):
         return int(exc.exit_code)
-    except NoArgsIsHelpError as exc:
+    if isinstance(exc, NoArgsIsHelpError):
         exc.show()
         return EXIT_USAGE
-    except ClickException as exc:
+    if isinstance(exc, ClickException):
         _error(_click_message(exc))
         return EXIT_USAGE
-    except Abort:
+    if isinstance(exc, Abort | KeyboardInterrupt):
         _error("interrupted")
         return EXIT_INTERRUPTED
-    except PoprunError as exc:
+    if isinstance(exc, PreflightError):
+        _show_faults(exc)
+    if isinstance(exc, PoprunError):
         _error(str(exc))
         return exc.exit_code
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return EXIT_INTERRUPTED
-    return int(result) if isinstance(result, int) else 0
+    raise exc
 
 
 def _click_message(exc: Exception) -> str:
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
     return " ".join(message.split())
+
+
+def _show_faults(exc: PreflightError) -> None:
+    """Every host's faults in one table on stderr (before the one-line summary)."""
+    if len(exc.faults) < 2:
+        return
+    from poprun_py.cli.app import console
+    from poprun_py.preflight import format_faults
+
+    console(stderr=True).print(format_faults(exc.faults))
 
 
 def _error(message: str) -> None:
