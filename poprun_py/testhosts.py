@@ -253,8 +253,16 @@ def _cluster_links(cluster: str) -> list[str]:
     return [link for link in _links() if link == bridge or link.startswith(f"{bridge}-")]
 
 
+def _recorded_subnet_index(record_file: Path) -> int | None:
+    try:
+        return int(json.loads(record_file.read_text())["subnet_index"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a record being written or damaged: its bridge address still counts
+
+
 def _used_subnet_indexes(state_root: Path) -> set[int]:
-    used = {json.loads(p.read_text())["subnet_index"] for p in state_root.glob("*/cluster.json")}
+    recorded = (_recorded_subnet_index(p) for p in state_root.glob("*/cluster.json"))
+    used = {index for index in recorded if index is not None}
     out = _run(["ip", "-o", "-4", "addr", "show"])
     used.update(int(m) for m in re.findall(r"inet 198\.18\.(\d+)\.", out))
     return used
@@ -353,8 +361,19 @@ def create_cluster(
     _validate(name, num_hosts, host_prefix)
     state_root = _safe_path(state_root)
     names = tuple(f"{host_prefix}{i}" for i in range(1, num_hosts + 1))
+    layout = _reserve(name, names, state_root, subnet_index)
+    try:
+        return _build(layout, state_root)
+    except BaseException:
+        with contextlib.suppress(ProvisionError):  # the original error says more
+            destroy_cluster(name, state_root=state_root)
+        raise
+
+
+def _reserve(name: str, names: tuple[str, ...], state_root: Path, index: int | None) -> _Layout:
+    """Under the lock: pick the subnet, check nothing is taken, create state dir and bridge."""
     with _lock(state_root):
-        index = _free_subnet_index(state_root) if subnet_index is None else subnet_index
+        index = _free_subnet_index(state_root) if index is None else index
         if not 0 <= index <= 255:
             raise ProvisionError(f"subnet_index must be 0..255, not {index}")
         layout = _Layout(name, index, names, state_root / name)
@@ -364,13 +383,10 @@ def create_cluster(
             _write_record(layout)
             _create_bridge(layout)
         except BaseException:
-            _destroy_unlocked(name, state_root)
+            with contextlib.suppress(ProvisionError):
+                _destroy_unlocked(name, state_root)
             raise
-    try:
-        return _build(layout, state_root)
-    except BaseException:
-        destroy_cluster(name, state_root=state_root)
-        raise
+    return layout
 
 
 def _safe_path(path: Path) -> Path:
@@ -487,7 +503,10 @@ def _start_sshd(netns: str, host: str, config: Path, host_dir: Path) -> int:
     script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
     log = host_dir / "sshd.log"
     argv = ["ip", "netns", "exec", netns, "unshare", "--uts", "sh", "-c", script, "sh"]
-    _run([*argv, host, SSHD, str(config), str(log)])
+    try:
+        _run([*argv, host, SSHD, str(config), str(log)])
+    except ProvisionError as exc:
+        raise ProvisionError(f"sshd of test host {host} did not start: {_last_line(log)}") from exc
     return _read_pid(host_dir / "sshd.pid", log, time.monotonic() + READY_TIMEOUT)
 
 
@@ -624,15 +643,20 @@ def _check_gone(name: str, state_root: Path) -> None:
 def _kill_namespaces(namespaces: Sequence[str]) -> None:
     """SIGTERM every process in ``namespaces``, SIGKILL what is left after KILL_GRACE."""
     for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
-        pids = {pid for ns in namespaces for pid in host_pids(ns)} - {os.getpid()}
-        pids = {pid for pid in pids if _alive(pid)}
+        pids = _live_pids(namespaces)
         if not pids:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         _wait_dead(pids, KILL_GRACE)
-    raise ProvisionError(f"processes survive SIGKILL in {', '.join(namespaces)}")
+    if _live_pids(namespaces):
+        raise ProvisionError(f"processes survive SIGKILL in {', '.join(namespaces)}")
+
+
+def _live_pids(namespaces: Sequence[str]) -> set[int]:
+    pids = {pid for ns in namespaces for pid in host_pids(ns)} - {os.getpid()}
+    return {pid for pid in pids if _alive(pid)}
 
 
 def _alive(pid: int) -> bool:

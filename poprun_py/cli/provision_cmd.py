@@ -1,0 +1,237 @@
+"""``poprun-py up``, ``down`` and ``status``: provision a cluster, remove it, list clusters.
+
+``up`` prints the inventory path on stdout (progress and notes go to stderr), so it composes:
+
+    $ poprun-py up clusters/testhosts-4.yaml
+    $ poprun-py launch --cluster "$(poprun-py up clusters/testhosts-4.yaml)" python train.py
+    $ poprun-py status
+    $ poprun-py down clusters/testhosts-4.yaml
+
+A provider that costs money (aws) asks for confirmation first; ``--yes`` skips the question, and
+without a terminal to ask on and without ``--yes``, ``up`` refuses (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from poprun_py.cli.app import app, console
+from poprun_py.errors import UsageError
+
+if TYPE_CHECKING:
+    from poprun_py.providers.lifecycle import ClusterStatus
+    from poprun_py.spec import ClusterSpec
+
+ClusterArg = Annotated[
+    str,
+    typer.Argument(
+        help="Cluster spec YAML with a provider: block (down also takes a cluster name).",
+    ),
+]
+Yes = Annotated[
+    bool,
+    typer.Option("--yes", "-y", help="Do not ask before creating machines that cost money."),
+]
+AcceptNew = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        help="static nodes: record unknown SSH host keys (a changed key is always refused).",
+    ),
+]
+WaitTimeout = Annotated[
+    Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--wait-timeout",
+        help="Seconds to wait for nodes to run and answer SSH (default: local/static 30, aws 900).",
+    ),
+]
+
+
+class RichReporter:
+    """Progress bars on stderr (rich.progress), one per step; notes printed above them."""
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console(stderr=True),
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def start(self, step: str, total: int) -> None:
+        """A new bar for ``step``."""
+        self.tasks[step] = self.progress.add_task(step, total=total)
+
+    def advance(self, step: str, amount: int = 1) -> None:
+        """Move the bar of ``step``."""
+        if step in self.tasks:
+            self.progress.advance(self.tasks[step], amount)
+
+    def note(self, message: str) -> None:
+        """One line above the bars."""
+        self.progress.console.print(message, markup=False, highlight=False)
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def _load(path: str) -> ClusterSpec:
+    from poprun_py.specfile import load_cluster
+
+    return load_cluster(path)
+
+
+def confirm_cost(notice: str, yes: bool) -> None:
+    """Ask before spending money; refuse without a terminal unless ``--yes``."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "up would create machines that cost money and there is no terminal to ask: "
+            "pass --yes to confirm"
+        )
+    sys.stderr.write(notice + "\n")
+    if not typer.confirm("Proceed?", default=False, err=True):
+        raise UsageError("not confirmed: nothing was created")
+
+
+@app.command("up")
+def up_command(
+    cluster: ClusterArg,
+    yes: Yes = False,
+    accept_new_host_keys: AcceptNew = False,
+    wait_timeout: WaitTimeout = None,
+) -> None:
+    """Create the cluster's nodes, wait for SSH, run its setup script, write the inventory."""
+    from poprun_py.providers.lifecycle import provider_for, up
+
+    spec = _load(cluster)
+    provider = provider_for(spec)
+    notice = provider.cost_notice(spec)
+    if notice:
+        confirm_cost(notice, yes)
+    started = time.monotonic()
+    with RichReporter() as reporter:
+        result = up(
+            spec,
+            reporter=reporter,
+            provider=provider,
+            wait_timeout=wait_timeout,
+            accept_new_host_keys=accept_new_host_keys,
+        )
+    ran = sum(o.ran for o in result.setup)
+    setup = f"; setup ran on {ran}, unchanged on {len(result.setup) - ran}" if result.setup else ""
+    sys.stderr.write(
+        f"poprun-py: cluster {spec.name} is up: {len(result.record.nodes)} node(s) "
+        f"({result.record.provider}) in {time.monotonic() - started:.1f}s{setup}\n"
+    )
+    sys.stdout.write(f"{result.inventory}\n")
+
+
+@app.command("down")
+def down_command(cluster: ClusterArg, accept_new_host_keys: AcceptNew = False) -> None:
+    """Remove everything poprun-py created for the cluster (harmless when nothing exists)."""
+    from poprun_py.providers.lifecycle import down
+
+    spec = _spec_or_name(cluster)
+    started = time.monotonic()
+    with RichReporter() as reporter:
+        result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys)
+    what = ", ".join(f"{r.kind} {r.id}" for r in result.removed) or "nothing to remove"
+    sys.stderr.write(
+        f"poprun-py: cluster {spec.name} is down in {time.monotonic() - started:.1f}s: {what}\n"
+    )
+
+
+def _spec_or_name(cluster: str) -> ClusterSpec:
+    """The spec file ``cluster``, or the spec recorded for the cluster named ``cluster``."""
+    from poprun_py.providers.lifecycle import spec_from_record
+    from poprun_py.providers.state import ClusterState
+
+    if Path(cluster).is_file() or cluster.endswith((".yaml", ".yml")):
+        return _load(cluster)
+    record = ClusterState.of(cluster).load()
+    if record is None:
+        raise UsageError(f"{cluster!r} is neither a spec file nor a cluster with a state file")
+    return spec_from_record(record)
+
+
+@app.command("status")
+def status_command(
+    cluster: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="Only this cluster (name or spec file)."),
+    ] = None,
+    refresh: Annotated[
+        bool, typer.Option("--refresh/--no-refresh", help="Ask the providers for node states.")
+    ] = True,
+    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+) -> None:
+    """List provisioned clusters and their nodes."""
+    from poprun_py.providers.lifecycle import status
+
+    if fmt not in ("table", "json"):
+        raise UsageError(f"--format must be table or json, got {fmt!r}")
+    wanted = _load(cluster).name if cluster and Path(cluster).is_file() else cluster
+    rows = [s for s in status(refresh=refresh) if wanted is None or s.record.cluster == wanted]
+    if fmt == "json":
+        json.dump([_status_dict(s) for s in rows], sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    if not rows:
+        sys.stderr.write("poprun-py: no provisioned clusters\n")
+        return
+    console().print(_status_table(rows))
+
+
+def _status_dict(s: ClusterStatus) -> dict[str, Any]:
+    return {
+        "cluster": s.record.cluster,
+        "provider": s.record.provider,
+        "phase": s.record.phase,
+        "inventory": str(s.inventory) if s.inventory else None,
+        "error": s.error,
+        "nodes": [
+            {"name": n.name, "address": n.address, "state": n.state, "id": n.resource_id}
+            for n in s.nodes
+        ],
+    }
+
+
+def _status_table(rows: list[ClusterStatus]) -> Any:
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in ("cluster", "provider", "phase", "node", "address", "state", "id"):
+        table.add_column(column, overflow="fold")
+    for s in rows:
+        head = [s.record.cluster, s.record.provider, s.record.phase]
+        if not s.nodes:
+            table.add_row(*head, "-", "-", s.error or "-", "-")
+        for i, n in enumerate(s.nodes):
+            state = f"{n.state} ({s.error})" if s.error and i == 0 else n.state
+            table.add_row(
+                *(head if i == 0 else ["", "", ""]), n.name, n.address, state, n.resource_id
+            )
+    return table

@@ -1,0 +1,367 @@
+"""AWS EC2 provider (boto3): key pair, security group, placement group and instances, all tagged.
+
+Every resource carries the tags ``poprun-py:cluster=<name>`` and ``poprun-py:owner=<user>`` from
+the call that creates it (``TagSpecifications``), so a crash at any point leaves nothing untagged
+and ``down`` finds everything by tag even when the state file is incomplete or gone. Instances
+also carry ``poprun-py:node=<i>``: ``up`` fills in missing nodes, reuses existing ones (starting
+stopped ones) and refuses a node of the wrong instance type or image.
+
+* Key pair ``poprun-py-<owner>-<cluster>``; its private key is saved (0600) as ``<name>.pem`` in
+  the state directory.
+* Security group of the same name in the default VPC: SSH (tcp/22) from ``provider.ssh_cidr``
+  only (no internet lookup of the caller's address), all traffic between its members.
+* Optional cluster placement group of the same name (``placement_group: true``).
+* Instances: ``instance_type``, ``image`` (``ami-...`` or an exact image name), root disk of
+  ``disk_gb`` GB (gp3), on-demand or spot (``spot: true``).
+
+Connection settings: ``provider.region`` (else AWS_REGION / AWS_DEFAULT_REGION),
+``provider.endpoint_url`` (else POPRUN_PY_AWS_ENDPOINT_URL; for moto in tests), credentials the
+usual boto3 way. ``POPRUN_PY_AWS_SKIP_SSH_WAIT=1`` is for tests only: it skips every SSH step
+(the wait and the setup script), because moto's instances cannot be reached.
+
+Example::
+
+    provider:
+      kind: aws
+      num_nodes: 4
+      region: us-east-1
+      instance_type: p3.16xlarge
+      image: ami-0123456789abcdef0
+      disk_gb: 500
+      spot: true
+      placement_group: true
+      ssh_user: ubuntu
+      ssh_cidr: 203.0.113.7/32
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import getpass
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from poprun_py.errors import ProvisionError, UsageError
+from poprun_py.providers.awserrors import as_provision_error
+from poprun_py.providers.base import Node, ProvisionContext, ProvisionRecord, Resource
+from poprun_py.spec import ClusterSpec, ProviderSpec
+
+TAG_CLUSTER = "poprun-py:cluster"
+TAG_OWNER = "poprun-py:owner"
+TAG_NODE = "poprun-py:node"
+ENDPOINT_ENV = "POPRUN_PY_AWS_ENDPOINT_URL"
+SKIP_SSH_ENV = "POPRUN_PY_AWS_SKIP_SSH_WAIT"
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+DEFAULT_USER = "ubuntu"
+DEFAULT_PREFIX = "node"
+WAIT_TIMEOUT = 900.0
+_OWNER_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+EC2 = Any  # a boto3 EC2 client (no stubs for the ec2 service are installed)
+ClientFactory = Callable[["AwsSettings"], EC2]
+
+
+@dataclass(frozen=True)
+class AwsSettings:
+    """A validated aws ``provider:`` block plus the names derived from it."""
+
+    cluster: str
+    owner: str
+    region: str
+    num_nodes: int
+    instance_type: str
+    image: str
+    ssh_cidr: str
+    ssh_user: str = DEFAULT_USER
+    host_prefix: str = DEFAULT_PREFIX
+    disk_gb: int | None = None
+    spot: bool = False
+    placement_group: bool = False
+    endpoint_url: str | None = None
+
+    @property
+    def resource_name(self) -> str:
+        """The name of the key pair, security group and placement group."""
+        return f"poprun-py-{self.owner}-{self.cluster}"
+
+    @property
+    def market(self) -> str:
+        return "spot" if self.spot else "on-demand"
+
+    def tags(self, **extra: str) -> list[dict[str, str]]:
+        """The tag list every resource gets (cluster and owner), plus ``extra``."""
+        tags = {TAG_CLUSTER: self.cluster, TAG_OWNER: self.owner, **extra}
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def tag_filters(self) -> list[dict[str, Any]]:
+        """describe_* filters selecting this cluster's resources of this owner."""
+        return [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]},
+            {"Name": f"tag:{TAG_OWNER}", "Values": [self.owner]},
+        ]
+
+    def context(self) -> dict[str, str]:
+        """Fields for error messages (see awserrors.explain)."""
+        return {
+            "region": self.region,
+            "instance_type": self.instance_type,
+            "image": self.image,
+            "market": self.market,
+            "key_name": self.resource_name,
+        }
+
+
+def default_owner() -> str:
+    """The owner tag: the login name, reduced to characters safe in resource names."""
+    return _OWNER_SAFE.sub("-", getpass.getuser()) or "unknown"
+
+
+def resolve_settings(
+    spec: ClusterSpec,
+    owner: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    for_down: bool = False,
+) -> AwsSettings:
+    """Validate the aws provider block of ``spec`` (pure). ``for_down`` needs only the region."""
+    env = os.environ if environ is None else environ
+    p = spec.provider or ProviderSpec(kind="aws")
+    region = p.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise UsageError("aws: no region: set provider.region in the spec (or AWS_REGION)")
+    endpoint = p.endpoint_url or env.get(ENDPOINT_ENV) or None
+    if for_down:
+        return AwsSettings(
+            spec.name,
+            owner,
+            region,
+            p.num_nodes or 0,
+            p.instance_type or "?",
+            p.image or "?",
+            p.ssh_cidr or "",
+            placement_group=p.placement_group,
+            endpoint_url=endpoint,
+        )
+    missing = [k for k in ("instance_type", "image", "ssh_cidr") if not getattr(p, k)]
+    if missing:
+        raise UsageError(f"aws: provider.{missing[0]} is required (see `poprun-py up --help`)")
+    if not p.num_nodes:
+        raise UsageError("aws: provider.num_nodes is required")
+    return AwsSettings(
+        cluster=spec.name,
+        owner=owner,
+        region=region,
+        num_nodes=p.num_nodes,
+        instance_type=str(p.instance_type),
+        image=str(p.image),
+        ssh_cidr=_cidr(str(p.ssh_cidr)),
+        ssh_user=p.ssh_user or DEFAULT_USER,
+        host_prefix=p.host_prefix or DEFAULT_PREFIX,
+        disk_gb=p.disk_gb,
+        spot=p.spot,
+        placement_group=p.placement_group,
+        endpoint_url=endpoint,
+    )
+
+
+def _cidr(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        raise UsageError(
+            f"aws: provider.ssh_cidr {text!r} is not a network (e.g. 203.0.113.7/32)"
+        ) from None
+
+
+def run_request(
+    cfg: AwsSettings,
+    *,
+    index: int,
+    image_id: str,
+    root_device: str | None,
+    group_id: str,
+    placement_group: str | None,
+) -> dict[str, Any]:
+    """The RunInstances arguments for node ``index`` (pure; tags given at creation)."""
+    node_tags = cfg.tags(
+        **{TAG_NODE: str(index), "Name": f"{cfg.resource_name}-{cfg.host_prefix}{index}"}
+    )
+    kinds = ["instance", "volume"] + (["spot-instances-request"] if cfg.spot else [])
+    request: dict[str, Any] = {
+        "ImageId": image_id,
+        "InstanceType": cfg.instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "KeyName": cfg.resource_name,
+        "SecurityGroupIds": [group_id],
+        "TagSpecifications": [{"ResourceType": k, "Tags": node_tags} for k in kinds],
+    }
+    if cfg.disk_gb and root_device:
+        ebs = {"VolumeSize": cfg.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True}
+        request["BlockDeviceMappings"] = [{"DeviceName": root_device, "Ebs": ebs}]
+    if placement_group:
+        request["Placement"] = {"GroupName": placement_group}
+    if cfg.spot:
+        spot = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
+    return request
+
+
+@functools.cache
+def _data_loader() -> Any:
+    """botocore's model loader, shared by every session of this process (parsing the EC2
+    model again for each client costs ~0.2 s of CPU)."""
+    import botocore.loaders
+
+    return botocore.loaders.create_loader()
+
+
+def _session(region: str | None) -> Any:
+    """A fresh boto3 session (own credential lookup) on the shared model loader."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.get_session()
+    core.register_component("data_loader", _data_loader())
+    return boto3.session.Session(region_name=region, botocore_session=core)
+
+
+@functools.cache
+def _known_regions() -> frozenset[str]:
+    """Every EC2 region botocore knows of, in every partition (read from its data files)."""
+    session = _session(None)
+    return frozenset(
+        region
+        for part in session.get_available_partitions()
+        for region in session.get_available_regions("ec2", partition_name=part)
+    )
+
+
+def default_client(cfg: AwsSettings) -> EC2:
+    """A boto3 EC2 client for ``cfg`` (credentials and region are checked first)."""
+    from botocore.config import Config
+
+    session = _session(cfg.region)
+    if cfg.region not in _known_regions():
+        raise ProvisionError(f"unknown AWS region {cfg.region!r} (e.g. us-east-1, eu-west-1)")
+    if session.get_credentials() is None:
+        raise ProvisionError(
+            "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE)"
+        )
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10)
+    return session.client("ec2", endpoint_url=cfg.endpoint_url, config=config)
+
+
+class AwsProvider:
+    """EC2 instances for a cluster; see the module docstring."""
+
+    name = "aws"
+
+    def __init__(
+        self,
+        client_factory: ClientFactory | None = None,
+        owner: str | None = None,
+        poll_interval: float = 2.0,
+    ):
+        self._client_factory = client_factory or default_client
+        self._owner = owner
+        self._poll = poll_interval
+
+    @property
+    def owner(self) -> str:
+        return self._owner or default_owner()
+
+    def cost_notice(self, spec: ClusterSpec) -> str | None:
+        """The confirmation text: instance type x count, market, region; no price lookup."""
+        cfg = resolve_settings(spec, self.owner)
+        disk = f", {cfg.disk_gb} GB disk each" if cfg.disk_gb else ""
+        return (
+            f"poprun-py up will run {cfg.num_nodes} x {cfg.instance_type} {cfg.market} "
+            f"instance(s) in {cfg.region}{disk} for cluster {cfg.cluster!r}; they cost money "
+            "until `poprun-py down`. Prices are not looked up (offline): check the EC2 pricing "
+            "page."
+        )
+
+    def create(self, spec: ClusterSpec, ctx: ProvisionContext) -> ProvisionRecord:
+        """Create or reuse every resource; save the record after each one."""
+        cfg = resolve_settings(spec, self.owner)
+        from poprun_py.providers.ec2 import Ec2Session
+
+        run = Ec2Session(
+            self._connect(cfg),
+            cfg,
+            self._poll,
+            reporter=ctx.reporter,
+            state=ctx.state,
+            wait_timeout=ctx.wait_timeout,
+        )
+        base = ctx.state.load() or ProvisionRecord(spec.name, self.name)
+        run.record = replace(
+            base,
+            provider=self.name,
+            phase="creating",
+            known_hosts=str(ctx.state.known_hosts_path),
+            settings=asdict(spec.provider or ProviderSpec(kind="aws")),
+        )
+        ctx.state.save(run.record)
+        return run.create()
+
+    def list_nodes(self, record: ProvisionRecord) -> tuple[Node, ...]:
+        """The nodes with their current EC2 states (``terminated`` when gone)."""
+        spec = ClusterSpec(name=record.cluster, hosts=(), provider=record.provider_spec())
+        cfg = resolve_settings(spec, self.owner, for_down=True)
+        from poprun_py.providers.ec2 import Ec2Session
+
+        run = Ec2Session(self._connect(cfg), cfg, self._poll)
+        live = {i["InstanceId"]: i for i in run.tagged_instances()}
+        return tuple(
+            replace(n, state=live[n.resource_id]["State"]["Name"])
+            if n.resource_id in live
+            else replace(n, state="terminated")
+            for n in record.nodes
+        )
+
+    def wait_until_reachable(self, record: ProvisionRecord, ctx: ProvisionContext) -> bool:
+        """Wait for SSH on every node, trusting and recording new host keys (fresh machines)."""
+        if os.environ.get(SKIP_SSH_ENV) == "1":
+            ctx.reporter.note(f"{SKIP_SSH_ENV}=1: skipping the SSH wait and setup (test only)")
+            return False
+        from poprun_py.providers.reach import wait_for_ssh
+
+        wait_for_ssh(
+            record.host_specs(),
+            known_hosts=record.known_hosts,
+            accept_new_host_keys=True,
+            timeout=ctx.wait_timeout or WAIT_TIMEOUT,
+            reporter=ctx.reporter,
+        )
+        return True
+
+    def terminate(
+        self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext
+    ) -> tuple[Resource, ...]:
+        """Remove everything tagged for this cluster and owner, plus what the record names."""
+        cfg = resolve_settings(spec, self.owner, for_down=True)
+        from poprun_py.providers.ec2 import Ec2Session
+
+        run = Ec2Session(
+            self._connect(cfg), cfg, self._poll, reporter=ctx.reporter, state=ctx.state
+        )
+        removed = run.terminate(record.resources if record else ())
+        with contextlib.suppress(FileNotFoundError):
+            ctx.state.key_path.unlink()
+        return removed
+
+    def _connect(self, cfg: AwsSettings) -> EC2:
+        try:
+            return self._client_factory(cfg)
+        except ProvisionError:
+            raise
+        except Exception as exc:
+            raise as_provision_error(exc, cfg.context()) from exc

@@ -1,0 +1,174 @@
+"""The provider interface: create nodes for a cluster spec, list them, wait for SSH, terminate.
+
+A provider is a small object with five methods (see :class:`Provider`); the lifecycle in
+:mod:`poprun_py.providers.lifecycle` drives it and owns everything shared (state file, setup
+script, inventory). What a provider created is described by a :class:`ProvisionRecord`, which the
+state file stores as JSON; terminating must also work without one (resources are found by name
+or by tag), so a killed ``up`` never leaves anything behind.
+
+Example:
+
+    >>> node = Node("n1", "198.18.0.11", user="root", identity_file="/k")
+    >>> record = ProvisionRecord("demo", "static", nodes=(node,))
+    >>> ProvisionRecord.from_dict(record.to_dict()) == record
+    True
+    >>> record.host_specs()[0].target
+    '198.18.0.11'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from poprun_py.spec import HostSpec, ProviderSpec
+
+if TYPE_CHECKING:
+    from poprun_py.providers.state import ClusterState
+    from poprun_py.spec import ClusterSpec
+
+SSH_PORT = 22
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of a provisioned cluster, as reachable over SSH."""
+
+    name: str  # host name used in the inventory and by ``launch``
+    address: str  # what SSH connects to
+    user: str | None = None
+    port: int = SSH_PORT
+    identity_file: str | None = None
+    resource_id: str = ""  # the provider's id: instance id, network namespace, host name
+    state: str = "unknown"  # the provider's word: running, pending, stopped, static...
+
+    def host_spec(self) -> HostSpec:
+        """The node as a :class:`HostSpec` for the transport and the inventory."""
+        return HostSpec(
+            name=self.name,
+            address=self.address,
+            user=self.user,
+            port=self.port,
+            identity_file=self.identity_file,
+        )
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Something a provider created and ``down`` must remove (``kind`` is provider-specific)."""
+
+    kind: str  # e.g. "instance", "security-group", "key-pair", "testhosts-cluster"
+    id: str
+
+
+@dataclass(frozen=True)
+class ProvisionRecord:
+    """What exists for one cluster; saved as the cluster's state file after every step."""
+
+    cluster: str
+    provider: str
+    nodes: tuple[Node, ...] = ()
+    resources: tuple[Resource, ...] = ()
+    known_hosts: str | None = None  # host keys of the nodes, for strict checking later
+    ssh_config: str | None = None  # an ssh_config file the spec named (static nodes)
+    phase: str = "creating"  # creating -> created -> ready
+    setup_sha256: str | None = None  # digest of the setup script last run on every node
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the ProviderSpec used
+
+    def with_resource(self, kind: str, rid: str) -> ProvisionRecord:
+        """This record with one more resource (no duplicates)."""
+        res = Resource(kind, rid)
+        if res in self.resources:
+            return self
+        return replace(self, resources=(*self.resources, res))
+
+    def provider_spec(self) -> ProviderSpec:
+        """The ProviderSpec this record was made from (unknown keys ignored)."""
+        known = set(ProviderSpec.__dataclass_fields__)
+        return ProviderSpec(**{k: v for k, v in self.settings.items() if k in known})
+
+    def host_specs(self) -> tuple[HostSpec, ...]:
+        """Every node as a HostSpec."""
+        return tuple(node.host_spec() for node in self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        data = asdict(self)
+        data["settings"] = dict(self.settings)
+        return data
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> ProvisionRecord:
+        """The record stored by :meth:`to_dict` (KeyError/TypeError when malformed)."""
+        return ProvisionRecord(
+            cluster=str(data["cluster"]),
+            provider=str(data["provider"]),
+            nodes=tuple(Node(**n) for n in data.get("nodes", ())),
+            resources=tuple(Resource(**r) for r in data.get("resources", ())),
+            known_hosts=data.get("known_hosts"),
+            ssh_config=data.get("ssh_config"),
+            phase=str(data.get("phase", "creating")),
+            setup_sha256=data.get("setup_sha256"),
+            settings=dict(data.get("settings", {})),
+        )
+
+
+class Reporter(Protocol):
+    """Progress of long steps; the CLI draws rich progress bars, tests pass a recorder."""
+
+    def start(self, step: str, total: int) -> None:
+        """A step of ``total`` units begins (e.g. "waiting for SSH", 4 nodes)."""
+
+    def advance(self, step: str, amount: int = 1) -> None:
+        """``amount`` more units of ``step`` are done."""
+
+    def note(self, message: str) -> None:
+        """One line of information (what was created, reused or skipped)."""
+
+
+class NullReporter:
+    """A Reporter that reports nothing."""
+
+    def start(self, step: str, total: int) -> None:
+        """Ignore."""
+
+    def advance(self, step: str, amount: int = 1) -> None:
+        """Ignore."""
+
+    def note(self, message: str) -> None:
+        """Ignore."""
+
+
+@dataclass(frozen=True)
+class ProvisionContext:
+    """What a provider gets besides the spec: where state goes, whom to report progress to."""
+
+    state: ClusterState
+    reporter: Reporter = field(default_factory=NullReporter)
+    wait_timeout: float | None = None  # None: the provider's own default
+    accept_new_host_keys: bool = False  # static nodes: trust unknown host keys on first contact
+
+
+class Provider(Protocol):
+    """Creates and removes the nodes of a cluster. Every method may raise ProvisionError."""
+
+    name: str
+
+    def cost_notice(self, spec: ClusterSpec) -> str | None:
+        """What ``up`` is about to spend, for a confirmation prompt; None when free."""
+
+    def create(self, spec: ClusterSpec, ctx: ProvisionContext) -> ProvisionRecord:
+        """Create (or find and reuse) every node; save the record after each step."""
+
+    def list_nodes(self, record: ProvisionRecord) -> tuple[Node, ...]:
+        """The nodes as they are now (states refreshed from the provider)."""
+
+    def wait_until_reachable(self, record: ProvisionRecord, ctx: ProvisionContext) -> bool:
+        """Block until every node answers SSH; False if this provider skips SSH (test-only)."""
+
+    def terminate(
+        self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext
+    ) -> tuple[Resource, ...]:
+        """Remove everything created for ``spec`` (found by name or tag when ``record`` is
+        None or incomplete); return what was removed. Harmless when nothing exists."""

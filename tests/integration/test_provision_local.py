@@ -1,0 +1,305 @@
+"""``up`` -> ``launch`` -> ``down`` on real test hosts (local provider), the static provider on
+existing hosts, and the SSH wait against a real sshd. Needs root (network namespaces)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from poprun_py.errors import ProvisionError
+from poprun_py.providers.lifecycle import down, up
+from poprun_py.providers.local import LocalProvider
+from poprun_py.providers.reach import wait_for_ssh
+from poprun_py.providers.setup import MARKER_ROOT
+from poprun_py.spec import ClusterSpec, HostSpec, ProviderSpec
+from poprun_py.specfile import load_cluster
+from poprun_py.testhosts import TestCluster, destroy_cluster, host_pids, list_clusters
+from poprun_py.transport import ConnectionPool, SshSettings
+from tests.hostfixtures import MakeCluster, require_hosts
+
+pytestmark = pytest.mark.hosts
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = "import os, socket; print('rank', os.environ['RANK'], 'on', socket.gethostname())\n"
+
+
+def letters(n: int) -> str:
+    out = ""
+    while True:
+        n, d = divmod(n, 26)
+        out = chr(ord("a") + d) + out
+        if n == 0:
+            return out
+
+
+TAG = letters(os.getpid())  # host names are machine-wide: keep concurrent sessions apart
+
+
+_NUMBERS = itertools.count(1)
+
+
+@pytest.fixture
+def cluster_name() -> Iterator[str]:
+    """A unique local cluster name, destroyed afterwards whatever the test did."""
+    require_hosts()
+    name = f"pa{os.getpid()}-{next(_NUMBERS)}"
+    yield name
+    destroy_cluster(name)
+    assert name not in list_clusters()
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("POPRUN_PY_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state" / "clusters"
+
+
+def write_spec(path: Path, name: str, nodes: int, setup: str) -> Path:
+    text = (
+        f"name: {name}\n"
+        f"provider: {{kind: local, num_nodes: {nodes}, host_prefix: pa{TAG}}}\n"
+        "defaults: {backend: ssh}\n"
+        "setup: |\n" + "".join(f"  {line}\n" for line in setup.splitlines())
+    )
+    path.write_text(text)
+    return path
+
+
+def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "poprun_py", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def namespaces(name: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if f"poprun-{name}-" in line]
+
+
+def processes(marker: str) -> str:
+    found = subprocess.run(["pgrep", "-af", marker], check=False, capture_output=True, text=True)
+    return found.stdout
+
+
+def assert_all_gone(name: str) -> None:
+    assert namespaces(name) == []
+    assert processes(f"testhosts/{name}/") == ""  # the sshds' command lines name the cluster
+    assert f"testhosts {name}" not in Path("/etc/hosts").read_text()
+    assert name not in list_clusters()
+    assert not (Path.home() / MARKER_ROOT / name).exists()
+
+
+def hostnames(inventory: Path) -> dict[str, str]:
+    """Host name -> `hostname` over SSH with strict host-key checking (keys recorded by up)."""
+    spec = load_cluster(inventory)
+    assert spec.known_hosts is not None
+    settings = SshSettings(known_hosts=Path(spec.known_hosts), accept_new_host_keys=False)
+    with ConnectionPool(list(spec.hosts), settings) as pool:
+        pool.open_all()
+        results = pool.map(lambda conn: conn.run(["hostname"]))
+    return {host: r.stdout.strip() for host, r in results.items()}  # type: ignore[union-attr]
+
+
+def test_up_launch_down_end_to_end(cluster_name: str, state_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "setup.log"
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, f'echo "$(hostname)" >> {log}')
+    started = time.monotonic()
+    proc = cli("up", str(spec))
+    up_seconds = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    inventory = Path(proc.stdout.strip())
+    assert inventory == state_dir / f"{cluster_name}.inventory.yaml"
+    assert "setup ran on 2, unchanged on 0" in proc.stderr
+    hosts = [f"pa{TAG}1", f"pa{TAG}2"]
+    assert sorted(log.read_text().split()) == hosts
+    assert hostnames(inventory) == {h: h for h in hosts}
+
+    program = tmp_path / "prog.py"
+    program.write_text(PROGRAM)
+    launched = cli(
+        "launch",
+        "--cluster",
+        str(inventory),
+        "--backend",
+        "ssh",
+        "--instances",
+        "2",
+        sys.executable,
+        str(program),
+    )
+    assert launched.returncode == 0, launched.stderr
+    assert sorted(line.split("] ", 1)[1] for line in launched.stdout.splitlines()) == [
+        f"rank 0 on {hosts[0]}",
+        f"rank 1 on {hosts[1]}",
+    ]
+
+    listing = cli("status", cluster_name, "--format", "json")
+    (row,) = json.loads(listing.stdout)
+    assert (row["provider"], row["phase"]) == ("local", "ready")
+    assert [(n["name"], n["state"]) for n in row["nodes"]] == [(h, "running") for h in hosts]
+
+    again = cli("up", str(spec))
+    assert again.returncode == 0 and "setup ran on 0, unchanged on 2" in again.stderr
+    assert f"reusing local cluster {cluster_name}" in again.stderr
+    write_spec(tmp_path / "c.yaml", cluster_name, 2, f'echo "edited $(hostname)" >> {log}')
+    edited = cli("up", str(spec))
+    assert edited.returncode == 0 and "setup ran on 2, unchanged on 0" in edited.stderr
+    assert log.read_text().count("edited") == 2
+
+    started = time.monotonic()
+    gone = cli("down", str(spec))
+    down_seconds = time.monotonic() - started
+    assert gone.returncode == 0, gone.stderr
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
+    assert cli("down", str(spec)).returncode == 0
+    print(f"\nlocal 2 hosts: cli up {up_seconds:.2f}s, down {down_seconds:.2f}s")
+
+
+def test_up_killed_halfway_then_down_removes_everything(
+    cluster_name: str, state_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 4, "true")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "up", str(spec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 30
+    while not namespaces(cluster_name) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert namespaces(cluster_name), "up finished before it could be killed"
+    gone = cli("down", str(spec))
+    assert gone.returncode == 0, gone.stderr
+    assert_all_gone(cluster_name)
+
+
+def test_a_broken_local_cluster_is_rebuilt_and_a_different_shape_refused(
+    cluster_name: str, state_dir: Path
+) -> None:
+    spec = ClusterSpec(
+        cluster_name, (), provider=ProviderSpec(kind="local", num_nodes=2, host_prefix=f"pb{TAG}")
+    )
+    first = up(spec, provider=LocalProvider())
+    broken = first.record.nodes[1].resource_id  # its network namespace
+    for pid in host_pids(broken):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while host_pids(broken) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    notes: list[str] = []
+    second = up(spec, provider=LocalProvider(), reporter=_Notes(notes))
+    assert any("incomplete: destroying and recreating" in n for n in notes)
+    assert {n.state for n in LocalProvider().list_nodes(second.record)} == {"running"}
+    bigger = ClusterSpec(
+        cluster_name, (), provider=ProviderSpec(kind="local", num_nodes=3, host_prefix=f"pb{TAG}")
+    )
+    with pytest.raises(ProvisionError, match=r"the spec asks for .*run `poprun-py down`"):
+        up(bigger, provider=LocalProvider())
+    down(spec, provider=LocalProvider())
+    assert_all_gone(cluster_name)
+
+
+class _Notes:
+    def __init__(self, notes: list[str]):
+        self.notes = notes
+
+    def start(self, step: str, total: int) -> None:
+        pass
+
+    def advance(self, step: str, amount: int = 1) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def test_static_provider_sets_up_and_cleans_only_its_own_files(
+    make_test_cluster: MakeCluster, state_dir: Path, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(2, "ps")
+    name = f"st{os.getpid()}"
+    hosts = tuple(
+        HostSpec(h.name, h.address, "root", h.port, str(cluster.identity_file))
+        for h in cluster.hosts
+    )
+    spec = ClusterSpec(
+        name,
+        hosts,
+        provider=ProviderSpec(kind="static"),
+        setup=f"hostname >> {tmp_path / 'log'}",
+        known_hosts=str(cluster.known_hosts),
+    )
+    result = up(spec)
+    assert [o.ran for o in result.setup] == [True, True]
+    assert sorted((tmp_path / "log").read_text().split()) == sorted(cluster.host_names)
+    assert [o.ran for o in up(spec).setup] == [False, False]
+    marker = Path.home() / MARKER_ROOT / name
+    assert sorted(p.name for p in marker.iterdir()) == sorted(cluster.host_names)
+    removed = down(spec).removed
+    assert [r.kind for r in removed] == ["setup-dir", "setup-dir"]
+    assert not marker.exists()
+    assert all(host_pids(h.netns) for h in cluster.hosts)  # the machines themselves stay
+    assert down(spec).removed == tuple(removed)  # cleaning again is harmless
+
+
+# ---------------------------------------------------------------- waiting for SSH, for real
+
+
+def one_host(cluster: TestCluster) -> HostSpec:
+    h = cluster.hosts[0]
+    return HostSpec(h.name, h.address, "root", h.port, str(cluster.identity_file))
+
+
+def test_wait_for_ssh_on_a_real_host(make_test_cluster: MakeCluster) -> None:
+    cluster = make_test_cluster(1, "pw")
+    host, sshd = one_host(cluster), cluster.hosts[0].sshd_pid
+    wait_for_ssh([host], known_hosts=str(cluster.known_hosts), timeout=10)
+
+    os.kill(sshd, signal.SIGSTOP)  # accepts TCP (kernel backlog) but never says hello
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProvisionError, match=f"^{host.name} did not answer SSH within 1.5s"):
+            wait_for_ssh([host], known_hosts=str(cluster.known_hosts), timeout=1.5)
+        assert time.monotonic() - started < 6
+        resume = threading.Timer(1.0, os.kill, (sshd, signal.SIGCONT))
+        resume.start()
+        started = time.monotonic()
+        wait_for_ssh([host], known_hosts=str(cluster.known_hosts), timeout=20, interval=0.2)
+        assert time.monotonic() - started >= 1.0
+    finally:
+        os.kill(sshd, signal.SIGCONT)
+
+
+def test_wait_for_ssh_stops_at_once_on_an_unknown_host_key(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(1, "pk")
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    started = time.monotonic()
+    with pytest.raises(ProvisionError, match="did not answer SSH"):
+        wait_for_ssh([one_host(cluster)], known_hosts=str(empty), timeout=30)
+    assert time.monotonic() - started < 5
+    wait_for_ssh([one_host(cluster)], known_hosts=str(empty), accept_new_host_keys=True, timeout=10)
+    assert cluster.hosts[0].address in empty.read_text()
