@@ -84,10 +84,11 @@ def _layout(plan: LaunchPlan, rows: dict[str, list[list[str]]], folded: bool) ->
         k += len(group)
     hosts = [(h.name, w) for h, w in zip(plan.hosts, host_widths, strict=True)]
     label = "{:<9}".format
+    leaf_widths = _leaf_widths(widths, inst_widths, rows, folded)
     return [
         f"| {label('hosts')} |{_span(hosts)}|",
         f"| {label('instances')} |{_span(list(zip(inst_cells, inst_widths, strict=True)))}|",
-        f"| {label('replicas')} |{_span(list(zip(leaves, _leaf_widths(widths, inst_widths, rows, folded), strict=True)))}|",
+        f"| {label('replicas')} |{_span(list(zip(leaves, leaf_widths, strict=True)))}|",
     ]
 
 

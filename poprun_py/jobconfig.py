@@ -55,6 +55,9 @@ class LaunchOptions:
     templates: str | None = None
     grace_period: float | None = None
     connect_timeout: float | None = None
+    slurm_time: str | None = None
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Prepared:
     connect_timeout: float
     templates: Path | None
     local_topology: Topology | None
+    options: LaunchOptions
 
 
 def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Prepared:
@@ -110,6 +114,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         connect_timeout=_first(opts.connect_timeout, d.connect_timeout, DEFAULT_CONNECT_TIMEOUT),
         templates=Path(opts.templates) if opts.templates else None,
         local_topology=local_topo,
+        options=opts,
     )
 
 

@@ -112,6 +112,8 @@ def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
 
 def launch(prep: Prepared, settings: RunSettings) -> LaunchResult:
     """Run the prepared job to the end and return every instance's outcome."""
+    if prep.backend == "slurm":
+        return _launch_slurm(prep, settings)
     if not is_remote(prep):
         job_dir = job_dir_for(prep.plan, settings.output_dir)
         job = render(prep, job_dir, local_available(prep))
@@ -177,3 +179,29 @@ def sync_root(plan: LaunchPlan) -> str:
 def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Prepared:
     """The prepared job re-planned with discovered topologies where the spec declared none."""
     return replace(prep, plan=replan_with_topologies(prep.plan, found))
+
+
+def slurm_request(prep: Prepared) -> Any:
+    """The allocation a slurm job needs: its hosts (when named), tasks and limits."""
+    from poprun_py.slurm import SlurmRequest
+
+    plan, opts = prep.plan, prep.options
+    named = tuple(h.name for h in plan.hosts if h.name != "localhost")
+    return SlurmRequest(
+        nodes=len(plan.hosts),
+        tasks=plan.num_instances,
+        time=opts.slurm_time,
+        partition=opts.slurm_partition,
+        account=opts.slurm_account,
+        nodelist=named if len(named) == len(plan.hosts) else (),
+    ).check()
+
+
+def _launch_slurm(prep: Prepared, settings: RunSettings) -> LaunchResult:
+    """Run inside the current allocation, or inside one asked for with salloc (and released)."""
+    from poprun_py.slurm import allocated
+
+    with allocated(slurm_request(prep)) as alloc:
+        job_dir = job_dir_for(prep.plan, settings.output_dir)
+        job = render(prep, job_dir, {})
+        return _run(prep, job, settings, BackendContext(environ=alloc.environ))

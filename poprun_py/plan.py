@@ -100,6 +100,7 @@ def make_plan(
     cluster: ClusterSpec,
     job: JobSpec,
     inputs: InputSet | None = None,
+    *,
     default_topology: Topology | None = None,
     default_topology_source: str = "assumed",
     discovered: Mapping[str, Topology | None] | None = None,

@@ -214,7 +214,7 @@ def _to_spec(model: _Cluster, lines: dict[tuple[Any, ...], int], source: str) ->
         _guard(lambda n=name: check_env_name(n, "env name"), lines, source, ("env", name))
     hosts: list[HostSpec] = []
     for i, host in enumerate(model.hosts):
-        hosts.extend(_hosts(host, model.ssh, topologies, lines, source, ("hosts", i)))
+        hosts.extend(_hosts(host, model.ssh, topologies, lines, source=source, path=("hosts", i)))
     _guard(lambda: check_unique([h.name for h in hosts]), lines, source, ("hosts",))
     d = model.defaults
     return ClusterSpec(
@@ -291,6 +291,7 @@ def _hosts(
     ssh: _Ssh,
     topologies: dict[str, Topology],
     lines: dict[tuple[Any, ...], int],
+    *,
     source: str,
     path: tuple[Any, ...],
 ) -> list[HostSpec]:

@@ -1,4 +1,4 @@
 """Shared pytest plugins: real test hosts (network namespaces + sshd), moto as a local server,
 and a real Slurm test cluster."""
 
-pytest_plugins = ["tests.hostfixtures", "tests.motofixtures"]
+pytest_plugins = ["tests.hostfixtures", "tests.motofixtures", "tests.slurmfixtures"]

@@ -4,15 +4,15 @@ Example:
 
     >>> sorted(BACKENDS)
     ['local', 'mpirun', 'slurm', 'ssh']
-    >>> get_backend("nope")
+    >>> get_backend("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: local, mpirun, slurm, ssh
+    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: local, mpirun, ...
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BackendContext:
     """What a backend may need beyond the rendered job: SSH connections (a
-    ``transport.ConnectionPool`` already opened by preflight) for the remote backends."""
+    ``transport.ConnectionPool`` already opened by preflight) for the remote backends, and the
+    environment of a Slurm allocation for the slurm backend."""
 
     pool: Any = None
+    environ: Mapping[str, str] | None = None
 
 
 def _local(ctx: BackendContext) -> Backend:
@@ -51,7 +53,7 @@ def _ssh(ctx: BackendContext) -> Backend:
 def _slurm(ctx: BackendContext) -> Backend:
     from poprun_py.backends.slurm import SlurmBackend
 
-    return SlurmBackend()  # type: ignore[no-any-return,unused-ignore]
+    return SlurmBackend(ctx.environ)
 
 
 BACKENDS: dict[str, Callable[[BackendContext], Backend]] = {

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def _command(mode: str) -> Callable[..., None]:
     """Build the command function for ``mode`` (plan | render | launch); same options for all."""
 
-    def command(
+    def command(  # noqa: PLR0917 - typer maps every option to a parameter
         program: o.Program = None,
         hosts: o.Hosts = None,
         cluster: o.Cluster = None,
@@ -57,6 +57,9 @@ def _command(mode: str) -> Callable[..., None]:
         only_output_from_instance: o.OnlyOutputFrom = None,
         dry_run: o.DryRun = False,
         print_topology: o.PrintTopology = False,
+        slurm_time: o.SlurmTime = None,
+        partition: o.SlurmPartition = None,
+        account: o.SlurmAccount = None,
     ) -> None:
         opts = LaunchOptions(
             program=tuple(program or ()),
@@ -77,6 +80,9 @@ def _command(mode: str) -> Callable[..., None]:
             templates=templates,
             grace_period=grace_period,
             connect_timeout=connect_timeout,
+            slurm_time=slurm_time,
+            slurm_partition=partition,
+            slurm_account=account,
         )
         if fmt not in ("table", "json"):
             raise UsageError(f"--format must be table or json, got {fmt!r}")
@@ -144,9 +150,12 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
     from poprun_py import launcher
     from poprun_py.render import format_job, job_dict
 
+    if prep.backend == "slurm" and not with_plan and fmt == "table" and not _in_allocation():
+        sys.stdout.write(_batch_script(prep))
+        return
     job_dir = launcher.job_dir_for(prep.plan, output_dir)
-    available = launcher.local_available(prep) if not launcher.is_remote(prep) else {}
-    job = launcher.render(prep, job_dir, available)
+    local = not launcher.is_remote(prep) and prep.backend != "slurm"
+    job = launcher.render(prep, job_dir, launcher.local_available(prep) if local else {})
     if fmt == "json":
         json.dump(job_dict(job), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -158,7 +167,57 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
         console(stderr=True).print("dry run: nothing was started", markup=False)
 
 
-def _launch(
+def _in_allocation() -> bool:
+    import os
+
+    from poprun_py.slurm import current_allocation
+
+    return current_allocation(os.environ) is not None
+
+
+def _batch_script(prep: Prepared) -> str:
+    """An sbatch script that runs this same launch inside the allocation it asks for."""
+    from poprun_py import launcher
+    from poprun_py.slurm import batch_script
+
+    return batch_script(
+        launcher.slurm_request(prep),
+        launch_argv(prep.options),
+        plan=prep.plan,
+        templates_dir=prep.templates,
+    )
+
+
+def launch_argv(opts: LaunchOptions) -> list[str]:
+    """``poprun-py launch --backend slurm ...`` with these options; hosts come from the
+    allocation inside the batch job, so ``--hosts`` is left out."""
+    pairs: list[tuple[str, object]] = [
+        ("--cluster", opts.cluster),
+        ("--replicas", opts.replicas),
+        ("--instances", opts.instances),
+        ("--devices-per-replica", opts.devices_per_replica),
+        ("--group-size", opts.group_size),
+        ("--eval-pad", opts.eval_pad),
+        ("--workdir", opts.workdir),
+        ("--master-port", opts.master_port),
+        ("--mpi-args", opts.mpi_args),
+        ("--templates", opts.templates),
+        ("--grace-period", opts.grace_period),
+    ]
+    argv = ["poprun-py", "launch", "--backend", "slurm"]
+    for flag, value in pairs:
+        if value is not None:
+            argv += [flag, str(value)]
+    if opts.numa_aware is not None:
+        argv.append("--numa-aware" if opts.numa_aware else "--no-numa-aware")
+    for pattern in opts.inputs:
+        argv += ["--input", pattern]
+    for setting in opts.env:
+        argv += ["--env", setting]
+    return [*argv, "--", *opts.program]
+
+
+def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
     prep: Prepared,
     output_dir: str | None,
     only_from: int | None,
@@ -202,8 +261,7 @@ def _describe_root(result: LaunchResult) -> str:
     else:
         what = f"exited with code {root.exit_code}"
     detail = f" ({root.detail})" if root.detail else ""
-    subject = "instance" if root.state != "lost" else "instance"
-    return f"{subject} {root.index} on {root.host} {what}{detail}; every other instance was stopped"
+    return f"instance {root.index} on {root.host} {what}{detail}; every other instance was stopped"
 
 
 def _print_summary(result: LaunchResult) -> None:

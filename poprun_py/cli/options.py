@@ -219,3 +219,21 @@ Sync = Annotated[
         help="Push the program's directory to every host before launching.",
     ),
 ]
+
+H_SLURM = "Slurm"
+SlurmTime = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--time",
+        rich_help_panel=H_SLURM,
+        help="Time limit of the allocation --backend slurm asks for (e.g. 30, 1:00:00).",
+    ),
+]
+SlurmPartition = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--partition", rich_help_panel=H_SLURM, help="Slurm partition to allocate from."),
+]
+SlurmAccount = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--account", rich_help_panel=H_SLURM, help="Slurm account to charge."),
+]

@@ -23,7 +23,7 @@ from poprun_py.topology import uniform
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 JOB_DIR = "/tmp/poprun-job"
 SECRET = "golden-secret-value"
-BACKENDS = ("local", "ssh", "mpirun", "mpiexec")
+BACKENDS = ("local", "ssh", "mpirun", "mpiexec", "slurm")
 
 
 def sim2() -> LaunchPlan:

@@ -1,0 +1,250 @@
+"""The slurm backend: the rendered ``srun ...`` step runs as one supervised process.
+
+``srun --label`` prefixes every line a task writes with ``N: `` (its ``SLURM_PROCID``, padded
+to the width of the largest). :class:`LabelDemux` strips the label and hands the line to the
+:class:`~poprun_py.supervise.Output` as instance N's (``templates/srun.j2`` places task N exactly
+where the plan puts instance N), so it shows as ``[host:N]`` and lands in ``instance-N.log``.
+Unlabelled lines are srun's own (``srun.log``); :class:`TaskReport` reads how each task ended
+from them (``srun: error: HOST: tasks 0-1: Exited with exit code 3`` or a signal's name).
+
+Failure: ``--kill-on-bad-exit=1`` makes Slurm end the step when one task fails; that task is the
+root cause (its own exit code becomes poprun-py's), the others are ``stopped``. Ctrl-C: SIGTERM
+goes to srun alone, which cancels the step (as after two Ctrl-C within a second): Slurm sends
+the tasks SIGTERM, then SIGKILL after its ``KillWait``. If srun has not ended when poprun-py's
+grace period runs out, srun gets SIGKILL. Whatever happened, a step of this job's name that
+Slurm still lists afterwards gets ``scancel --signal=KILL`` and is waited for, so nothing is
+left on the nodes.
+
+Example:
+
+    >>> report = TaskReport()
+    >>> report.scan("srun: error: n2: task 2: Exited with exit code 7")
+    >>> report.scan("srun: error: n1: tasks 0-1: Terminated")
+    >>> [(rank, end.exit_code, end.signal) for rank, end in sorted(report.ends.items())]
+    [(0, None, 15), (1, None, 15), (2, 7, None)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
+from poprun_py.errors import BackendError
+from poprun_py.slurm import cancel_steps, step_names
+from poprun_py.supervise import (
+    LAUNCHER_INDEX,
+    Child,
+    Feed,
+    Output,
+    Supervised,
+    supervise,
+    write_job_files,
+)
+
+if TYPE_CHECKING:
+    from poprun_py.render import RenderedJob
+
+SRUN_MISSING = "srun not found on PATH; install Slurm's clients (Debian: slurm-client)"
+CLEANUP_TIMEOUT = 15.0
+BIND_HINT = "NUMA binding needs whole nodes: allocate with --exclusive, or use --no-numa-aware"
+
+_LABEL = re.compile(rb" *(\d+): ?")
+_TASK_END = re.compile(r"srun: error: (\S+): tasks? ([0-9,-]+): (.+)")
+_EXITED = re.compile(r"Exited with exit code (\d+)")
+_ERROR = re.compile(r"srun: error: (.+)")
+_SIGNALS = {signal.strsignal(s) or "": int(s) for s in signal.valid_signals()}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """How srun says one task ended; ``order`` is the position of its report."""
+
+    exit_code: int | None
+    signal: int | None
+    order: int
+    at: float
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """True for a non-zero exit or a death by signal."""
+        return bool(self.exit_code) or self.signal is not None
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``0-2,5`` -> [0, 1, 2, 5].
+
+    >>> parse_ranks("0-2,5")
+    [0, 1, 2, 5]
+    """
+    ranks: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+class TaskReport:
+    """Reads srun's own lines: how each task ended, and srun's last error."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, TaskEnd] = {}
+        self.error = ""
+
+    def scan(self, line: str) -> None:
+        """Look at one line of srun's own output."""
+        match = _TASK_END.fullmatch(line.strip())
+        if match is None:
+            if error := _ERROR.fullmatch(line.strip()):
+                self.error = error.group(1)
+            return
+        how = match.group(3)
+        code, sig = None, None
+        if exited := _EXITED.fullmatch(how):
+            code = int(exited.group(1))
+        else:
+            sig = _SIGNALS.get(how.removesuffix(" (core dumped)"))
+        detail = "" if code is not None or sig is not None else how
+        for rank in parse_ranks(match.group(2)):
+            if rank not in self.ends:
+                self.ends[rank] = TaskEnd(code, sig, len(self.ends), time.time(), detail)
+
+    def failed_before(self, end: TaskEnd) -> bool:
+        """True when another task's failure was reported before ``end``."""
+        return any(e.failed and e.order < end.order for e in self.ends.values())
+
+
+class LabelDemux:
+    """Splits one of srun's pipes into per-task lines (labelled) and srun's own lines."""
+
+    def __init__(self, output: Output, stream: str, report: TaskReport, ntasks: int):
+        self._output, self._stream, self._report = output, stream, report
+        self._ntasks = ntasks
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        """Route every complete line; keep the tail."""
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            self._route(line)
+
+    def close(self) -> None:
+        """Route a last line that had no newline."""
+        if self._pending:
+            self._route(self._pending)
+            self._pending = b""
+
+    def _route(self, line: bytes) -> None:
+        label = _LABEL.match(line)
+        if label and int(label.group(1)) < self._ntasks:
+            self._output.emit(int(label.group(1)), self._stream, line[label.end() :])
+            return
+        self._report.scan(line.decode("utf-8", "replace"))
+        self._output.emit(LAUNCHER_INDEX, self._stream, line)
+
+
+class SlurmBackend:
+    """Runs ``job.launcher`` (an ``srun`` argv) and maps its outcome onto every task.
+
+    ``environ`` is added to srun's environment, e.g. ``Allocation.environ`` of an allocation
+    poprun-py made, so the step runs inside it.
+    """
+
+    name = "slurm"
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = dict(environ or {})
+
+    def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
+        """Write the job's files, run srun under supervision, report every task."""
+        if not job.launcher:
+            raise BackendError("the slurm backend needs a rendered launcher command")
+        env = {**job.launcher_env, **self.environ}
+        if shutil.which(job.launcher[0], path=env.get("PATH")) is None:
+            raise BackendError(SRUN_MISSING)
+        write_job_files(job)
+        hosts = {cmd.index: cmd.host for cmd in job.instances}
+        output = Output(options, hosts, launcher="srun")
+        report = TaskReport()
+
+        def demux(child: Child, stream: str) -> Feed:
+            return LabelDemux(output, stream, report, len(hosts))
+
+        child = Child(LAUNCHER_INDEX, "localhost", job.launcher, env, None, signal_group=False)
+        try:
+            run = supervise([child], output, grace_period=options.grace_period, feeds=demux)
+        finally:
+            leave_nothing(job, env)
+        return task_results(run, hosts, report)
+
+
+def leave_nothing(job: RenderedJob, env: Mapping[str, str]) -> None:
+    """Cancel and wait out any step (or job) of this job's name that Slurm still knows."""
+    names = step_names(job.launcher)
+    if not names:
+        return
+    environ = {**os.environ, **env}
+    deadline = time.monotonic() + CLEANUP_TIMEOUT
+    with contextlib.suppress(BackendError):  # slurmctld gone: nothing we can cancel
+        while cancel_steps(names, environ) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _reported(end: TaskEnd, stopping: bool, report: TaskReport) -> _Outcome:
+    if end.failed and stopping:  # ended after poprun-py stopped srun, signal or not
+        return "stopped", end.exit_code, end.signal, "step cancelled"
+    if end.signal in _STOP_SIGNALS and report.failed_before(end):
+        return "stopped", None, end.signal, "step cancelled after another task failed"
+    return "exited", end.exit_code, end.signal, end.detail
+
+
+def task_results(run: Supervised, hosts: Mapping[int, str], report: TaskReport) -> LaunchResult:
+    """One InstanceResult per task from srun's exit and its per-task reports."""
+    srun = run.exits[0]
+    stopping = run.interrupted or srun.stopped
+    srun_code = srun.returncode if srun.returncode is not None else 1
+    if srun.detail and not report.error:
+        report.error = srun.detail
+    results = []
+    for rank in sorted(hosts):
+        end = report.ends.get(rank)
+        state, code, sig, detail = _outcome(end, srun_code, stopping, report)
+        results.append(
+            InstanceResult(
+                index=rank,
+                host=hosts[rank],
+                exit_code=code,
+                signal=sig,
+                state=state,
+                started=srun.started,
+                ended=end.at if end else srun.ended,
+                detail=detail,
+            )
+        )
+    return LaunchResult(tuple(results), interrupted=run.interrupted, duration=run.duration)
+
+
+_Outcome = tuple[str, int | None, int | None, str]
+
+
+def _outcome(end: TaskEnd | None, code: int, stopping: bool, report: TaskReport) -> _Outcome:
+    if end is not None:
+        return _reported(end, stopping, report)
+    if stopping:  # srun may give up waiting for a cancelled step and report nothing
+        return "stopped", None, None, "stopped with srun"
+    if code == 0 or any(e.failed for e in report.ends.values()):
+        return "exited", 0, None, ""  # srun reports only tasks that failed
+    how = f"signal {-code}" if code < 0 else f"code {code}"
+    detail = f"srun ended with {how}" + (f": {report.error}" if report.error else "")
+    if "cpu bind" in report.error.lower():
+        detail += f" ({BIND_HINT})"
+    return "exited", code if code > 0 else None, -code if code < 0 else None, detail

@@ -1,0 +1,274 @@
+"""``poprun-py exec`` and ``poprun-py sync``: a command, or files, on every host in parallel.
+
+``exec`` prints ``host: line`` as lines arrive, or with ``--gather/-b`` folds hosts with identical
+output under one header (like ``clush -b``); it exits with the worst host's code (255 for a host
+that cannot be reached, 124 for one that hit ``--timeout``). ``sync`` pushes paths (default: the
+current directory) to every host at the same absolute path, or under ``--dest``, with a progress
+bar; a host that cannot be reached or written fails it with exit code 3.
+
+Example:
+
+    $ poprun-py exec --hosts node[01-16] -b -- uname -r
+    $ poprun-py exec -c clusters/pod16.yaml --timeout 30 -- python3 -c 'import torch'
+    $ poprun-py sync --hosts node[01-04] ~/job
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from poprun_py.cli import options as o
+from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.errors import EXIT_PREFLIGHT, HostExprError, PreflightError, UsageError
+
+if TYPE_CHECKING:
+    from poprun_py.hostexec import LineFn
+    from poprun_py.spec import ClusterSpec
+    from poprun_py.sync import SyncReport
+    from poprun_py.transport import ConnectionPool, SshSettings
+
+H_SSH = "SSH"
+
+Command = Annotated[
+    list[str], typer.Argument(help="The command and its arguments (put them after --).")
+]
+Paths = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Argument(help="Files or directories to push (default: the current directory)."),
+]
+Gather = Annotated[
+    bool,
+    typer.Option("--gather", "-b", help="Fold hosts with identical output (like clush -b)."),
+]
+Timeout = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option("--timeout", "-t", help="Stop the command on a host after this many seconds."),
+]
+SshConfig = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--ssh-config", rich_help_panel=H_SSH, help="ssh_config file (default: ~/.ssh/config)."
+    ),
+]
+Identity = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--identity", "-i", rich_help_panel=H_SSH, help="Private key for hosts that name none."
+    ),
+]
+User = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--user", "-l", rich_help_panel=H_SSH, help="Login user for hosts that name none."
+    ),
+]
+Dest = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--dest", help="Remote directory to push into (default: the same paths)."),
+]
+Method = Annotated[
+    str, typer.Option("--method", help="auto (rsync where both ends have it) | rsync | sftp")
+]
+
+
+@app.command("exec", context_settings=PROGRAM_CONTEXT)
+def exec_cmd(
+    command: Command,
+    *,
+    hosts: o.Hosts = None,
+    cluster: o.Cluster = None,
+    gather: Gather = False,
+    timeout: Timeout = None,
+    connect_timeout: o.ConnectTimeout = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False,
+    known_hosts: o.KnownHosts = None,
+    ssh_config: SshConfig = None,
+    identity: Identity = None,
+    user: User = None,
+) -> None:
+    """Run a command on every host in parallel; exit with the worst host's code."""
+    from poprun_py.hostexec import gathered, problems, run_everywhere, worst_exit_code
+    from poprun_py.transport import ConnectionPool
+
+    if not command:
+        raise UsageError("exec needs a command: poprun-py exec --hosts H -- CMD [ARGS]...")
+    if timeout is not None and timeout <= 0:
+        raise UsageError("--timeout must be more than 0")
+    spec = target_cluster(hosts, cluster)
+    settings = ssh_settings(
+        spec,
+        connect_timeout=connect_timeout,
+        accept_new=accept_new_host_keys,
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
+        identity=identity,
+        user=user,
+    )
+    with ConnectionPool(spec.hosts, settings) as pool:
+        on_line = None if gather else _tagged_printer()
+        outcomes = run_everywhere(pool, command, timeout=timeout, on_line=on_line)
+    if gather:
+        sys.stdout.write(gathered(outcomes, "stdout"))
+        sys.stdout.flush()
+        sys.stderr.write(gathered(outcomes, "stderr"))
+    for line in problems(outcomes):
+        sys.stderr.write(f"poprun-py: {line}\n")
+    sys.stderr.flush()
+    code = worst_exit_code(outcomes)
+    if code:
+        raise typer.Exit(code)
+
+
+def _tagged_printer() -> LineFn:
+    """``on_line`` writing ``host: line`` to stdout or stderr, one whole line at a time."""
+    lock = threading.Lock()
+
+    def emit(host: str, stream: str, line: str) -> None:
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        with lock, contextlib.suppress(BrokenPipeError):  # e.g. `| head`: keep the hosts going
+            out.write(f"{host}: {line}\n")
+            out.flush()
+
+    return emit
+
+
+@app.command("sync")
+def sync_cmd(
+    paths: Paths = None,
+    *,
+    hosts: o.Hosts = None,
+    cluster: o.Cluster = None,
+    dest: Dest = None,
+    method: Method = "auto",
+    connect_timeout: o.ConnectTimeout = None,
+    accept_new_host_keys: o.AcceptNewHostKeys = False,
+    known_hosts: o.KnownHosts = None,
+    ssh_config: SshConfig = None,
+    identity: Identity = None,
+    user: User = None,
+) -> None:
+    """Push files to every host at the same path (rsync where possible, else SFTP)."""
+    from poprun_py.sync import METHODS
+    from poprun_py.transport import ConnectionPool
+
+    if method not in METHODS:
+        raise UsageError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
+    if dest is not None and not dest.startswith("/"):
+        raise UsageError(f"--dest must be an absolute path, not {dest!r}")
+    spec = target_cluster(hosts, cluster)
+    settings = ssh_settings(
+        spec,
+        connect_timeout=connect_timeout,
+        accept_new=accept_new_host_keys,
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
+        identity=identity,
+        user=user,
+    )
+    with ConnectionPool(spec.hosts, settings) as pool:
+        try:
+            report = _sync_with_progress(pool, paths or ["."], dest, method)
+        except PreflightError as err:
+            print_faults(err)
+            raise typer.Exit(EXIT_PREFLIGHT) from None
+    _print_sync_summary(report)
+
+
+def _sync_with_progress(
+    pool: ConnectionPool, paths: list[str], dest: str | None, method: str
+) -> SyncReport:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from poprun_py.sync import sync
+
+    done: dict[str, int] = {}
+    lock = threading.Lock()
+    columns = (TextColumn("sync"), BarColumn(), DownloadColumn(), TextColumn("{task.description}"))
+    err = console(stderr=True)
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(f"{len(pool.hosts)} host(s)", total=None)
+
+        def progress(host: str, sent: int, total: int) -> None:
+            with lock:
+                done[host] = sent
+                bar.update(task, completed=sum(done.values()), total=total * len(pool.hosts))
+
+        return sync(pool, paths, dest, progress, method=method)
+
+
+def _print_sync_summary(report: SyncReport) -> None:
+    methods = sorted({h.method for h in report.hosts})
+    sent = sum(h.bytes_sent for h in report.hosts)
+    sys.stderr.write(
+        f"poprun-py: synced {report.files_total} file(s) to {len(report.hosts)} host(s) "
+        f"({'/'.join(methods)}): {report.files_sent} file(s), {sent} bytes sent\n"
+    )
+
+
+def print_faults(err: PreflightError) -> None:
+    """The faults of a failed preflight as one table on stderr."""
+    from poprun_py.preflight import format_faults
+
+    console(stderr=True).print(format_faults(err.faults))
+
+
+def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
+    """The hosts named by ``--hosts`` (with what ``--cluster`` says of them) or ``--cluster``."""
+    from poprun_py.hosts import parse_hosts
+    from poprun_py.spec import cluster_from_hosts
+
+    base = None
+    if cluster:
+        from poprun_py.specfile import load_cluster
+
+        base = load_cluster(cluster)
+    if hosts:
+        spec = cluster_from_hosts(parse_hosts(hosts, read=_read_hostfile), base=base)
+    elif base is not None:
+        spec = base
+    else:
+        raise UsageError("name the hosts: --hosts h1,h2 | node[01-16] | @hostfile, or --cluster")
+    if spec.simulated:
+        raise UsageError(f"cluster {spec.name!r} is simulated: it has no hosts to reach")
+    return spec
+
+
+def _read_hostfile(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise HostExprError(f"cannot read hostfile {path}: {exc.strerror}") from None
+
+
+def ssh_settings(
+    spec: ClusterSpec,
+    *,
+    connect_timeout: float | None,
+    accept_new: bool,
+    known_hosts: str | None,
+    ssh_config: str | None,
+    identity: str | None,
+    user: str | None,
+) -> SshSettings:
+    """Flags first, then the cluster spec, then the defaults."""
+    from poprun_py.transport import SshSettings
+
+    known = known_hosts or spec.known_hosts
+    config = ssh_config or spec.ssh_config
+    timeout = connect_timeout or spec.defaults.connect_timeout or 10.0
+    if timeout <= 0:
+        raise UsageError("--connect-timeout must be more than 0")
+    return SshSettings(
+        known_hosts=Path(known) if known else None,
+        accept_new_host_keys=accept_new,
+        connect_timeout=timeout,
+        ssh_config=Path(config) if config else None,
+        identity_file=identity,
+        user=user,
+    )

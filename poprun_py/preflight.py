@@ -1,0 +1,319 @@
+"""Preflight: before anything starts, check every host in parallel and report every fault at once.
+
+Per host, over the pool's one connection and in one round trip (a fixed ``sh`` script whose
+inputs are passed as quoted arguments): the working directory exists; the interpreter and the
+program are found; the program's script file exists; ``numactl`` exists where instances are
+bound; the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names, else
+``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.topology`. On the launching machine, in
+parallel with those: how long each host name takes to resolve (a name that resolves slowly or not
+at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and host-key mismatches
+come from :meth:`ConnectionPool.connect_all` and join the same list.
+
+Example::
+
+    with ConnectionPool(list(plan.cluster.hosts), SshSettings()) as pool:
+        report = preflight(pool, plan)          # PreflightError(faults) if any host is unfit
+        report.topologies["h1"]                 # Topology discovered on h1
+
+    >>> checks = Checks(workdir="/srv/job", commands=("python3",), files=("train.py",))
+    >>> checks_argv(checks, numactl=True)[-8:]
+    ['/srv/job', '1', 'python3', '1', 'train.py', '1', '1', '--']
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from poprun_py.errors import Fault, PreflightError
+from poprun_py.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from poprun_py.plan import LaunchPlan
+    from poprun_py.transport import Connection, ConnectionPool
+
+SLOW_RESOLVE = 0.5
+_PYTHONS = ("python", "python3", "pypy3")
+
+# $1 workdir ("" = none), then a count and that many commands, a count and that many files,
+# then 1/0 for numactl, 1/0 for topology. One line per answer; topology text comes last.
+CHECK_SCRIPT = r"""
+wd=$1; shift
+if [ -n "$wd" ]; then if cd -- "$wd" 2>/dev/null; then echo "wd 1"; else echo "wd 0"; fi; fi
+for kind in cmd file; do
+  n=$1; shift; i=0
+  while [ "$i" -lt "$n" ]; do
+    if [ "$kind" = cmd ]; then command -v "$1" >/dev/null 2>&1 && ok=1 || ok=0
+    else [ -e "$1" ] && ok=1 || ok=0; fi
+    echo "$kind $i $ok"; i=$((i + 1)); shift
+  done
+done
+if [ "$1" = 1 ]; then command -v numactl >/dev/null 2>&1 && echo "numactl 1" || echo "numactl 0"; fi
+if [ "$2" = 1 ]; then
+  if ls /sys/devices/system/node/node*/cpulist >/dev/null 2>&1; then
+    echo "topology sysfs"; grep -H '' /sys/devices/system/node/node*/cpulist
+  elif command -v lscpu >/dev/null 2>&1; then echo "topology lscpu"; lscpu -p=CPU,NODE
+  else echo "topology none"; fi
+fi
+"""
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What to check on each host. Relative ``files`` are looked up in ``workdir``."""
+
+    workdir: str | None = None
+    commands: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    numactl_hosts: frozenset[str] = frozenset()
+    topology: bool = True
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """What preflight learnt about one host."""
+
+    host: str
+    topology: Topology | None = None
+    topology_source: str = ""
+    resolve_seconds: float | None = None
+    check_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """Every host's findings, warnings (slow names, undiscoverable topology) and faults."""
+
+    hosts: tuple[HostReport, ...]
+    faults: tuple[Fault, ...] = ()
+    warnings: tuple[str, ...] = ()
+    duration: float = 0.0
+
+    @property
+    def topologies(self) -> dict[str, Topology | None]:
+        """Host name → discovered topology (None where it could not be discovered)."""
+        return {h.host: h.topology for h in self.hosts}
+
+
+def checks_for_plan(plan: LaunchPlan) -> Checks:
+    """The checks a plan needs: workdir, interpreter, program, numactl where instances bind."""
+    argv = plan.program
+    commands: list[str] = [argv[0]] if argv else []
+    files: list[str] = []
+    base = posixpath.basename(argv[0]) if argv else ""
+    if base.startswith(_PYTHONS):
+        script = _script_arg(argv[1:])
+        files += [script] if script else []
+    elif base.endswith(".py"):
+        commands.insert(0, plan.cluster.defaults.python or "python3")
+        if "/" in argv[0]:
+            files.append(argv[0])
+    bound = frozenset(i.host for i in plan.instances) if plan.numa_aware else frozenset()
+    return Checks(plan.workdir, tuple(dict.fromkeys(commands)), tuple(files), bound)
+
+
+def _script_arg(args: Sequence[str]) -> str | None:
+    """The script a Python interpreter would run, or None for ``-m``/``-c``/stdin."""
+    for arg in args:
+        if arg in ("-m", "-c", "-") or arg.startswith(("-m", "-c")):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def checks_argv(checks: Checks, numactl: bool) -> list[str]:
+    """The remote argv running :data:`CHECK_SCRIPT` with this host's inputs."""
+    return [
+        "sh",
+        "-c",
+        CHECK_SCRIPT,
+        "sh",
+        checks.workdir or "",
+        str(len(checks.commands)),
+        *checks.commands,
+        str(len(checks.files)),
+        *checks.files,
+        "1" if numactl else "0",
+        "1" if checks.topology else "0",
+        "--",
+    ]
+
+
+def parse_check_output(host: str, checks: Checks, text: str) -> tuple[list[Fault], HostReport]:
+    """Turn the script's answers into faults and a host report (topology parsed)."""
+    head, _, topo_text = text.partition("topology ")
+    missing = {tuple(line.split()[:2]) for line in head.splitlines() if line.endswith(" 0")}
+    faults: list[Fault] = []
+    no_wd = ("wd", "0") in missing
+    if no_wd:
+        faults.append(Fault(host, "workdir", f"working directory {checks.workdir} is missing"))
+    where = f" in {checks.workdir}" if checks.workdir else ""
+    for i, name in enumerate(checks.commands):
+        if ("cmd", str(i)) in missing and not (no_wd and _relative_path(name)):
+            what = "not an executable file" if "/" in name else "not found on PATH"
+            faults.append(Fault(host, "program", f"{name}: {what}{where if '/' in name else ''}"))
+    for i, name in enumerate(checks.files):
+        if ("file", str(i)) in missing and not (no_wd and _relative_path(name)):
+            faults.append(Fault(host, "program", f"{name}: no such file{where}"))
+    if ("numactl", "0") in missing:
+        detail = "numactl not found (NUMA binding needs it; install it or use --no-numa-aware)"
+        faults.append(Fault(host, "numactl", detail))
+    source, _, body = topo_text.partition("\n")
+    source = source.strip()
+    return faults, HostReport(host, _parse_topology(source, body), source)
+
+
+def _relative_path(name: str) -> bool:
+    return not name.startswith("/") and ("/" in name or name.endswith(".py"))
+
+
+def _parse_topology(source: str, body: str) -> Topology | None:
+    try:
+        if source == "sysfs":
+            lists = {}
+            for line in body.splitlines():
+                path, _, cpulist = line.partition(":")
+                lists[posixpath.basename(posixpath.dirname(path))] = cpulist
+            return parse_sysfs_nodes(lists)
+        if source == "lscpu":
+            return parse_lscpu(body)
+    except TopologyError:
+        return None
+    return None
+
+
+def resolve_time(name: str) -> tuple[float, str | None]:
+    """Seconds ``getaddrinfo(name)`` takes here, and the error if it fails."""
+    started = time.monotonic()
+    try:
+        socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as exc:
+        return time.monotonic() - started, str(exc)
+    return time.monotonic() - started, None
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve_all(names: Sequence[str]) -> dict[str, Future[tuple[float, str | None]]]:
+    """Start timing every name's resolution in the background; the futures hold the results."""
+    todo = [n for n in names if not _is_address(n)]
+    if not todo:
+        return {}
+    pool = ThreadPoolExecutor(min(len(todo), 32), thread_name_prefix="poprun-dns")
+    futures = {name: pool.submit(resolve_time, name) for name in todo}
+    pool.shutdown(wait=False)  # the threads finish on their own; results are read later
+    return futures
+
+
+def _resolve_warning(name: str, seconds: float, error: str | None) -> str | None:
+    if error:
+        return (
+            f"{name} does not resolve on this machine ({error}); mpirun resolves every host "
+            "name itself: give the hosts' addresses in the cluster spec"
+        )
+    if seconds > SLOW_RESOLVE:
+        return (
+            f"{name} took {seconds:.1f} s to resolve; a slow name stalls mpirun about 5 s per "
+            "host: give the hosts' addresses in the cluster spec (or add them to /etc/hosts)"
+        )
+    return None
+
+
+def preflight(
+    pool: ConnectionPool,
+    plan: LaunchPlan | None = None,
+    checks: Checks | None = None,
+    *,
+    raise_on_fault: bool = True,
+) -> PreflightReport:
+    """Check every host of ``pool`` (connecting those not yet open) and return the report.
+
+    ``checks`` defaults to :func:`checks_for_plan` of ``plan`` (or topology only). Raises
+    PreflightError with every host's faults, connection faults first, unless
+    ``raise_on_fault`` is false.
+    """
+    started = time.monotonic()
+    checks = checks or (checks_for_plan(plan) if plan is not None else Checks())
+    resolving = _resolve_all([h.name for h in pool.hosts])
+
+    def check(conn: Connection) -> tuple[list[Fault], HostReport]:
+        t0 = time.monotonic()
+        argv = checks_argv(checks, conn.name in checks.numactl_hosts)
+        result = conn.run(argv, timeout=max(10.0, pool.settings.connect_timeout))
+        faults, report = parse_check_output(conn.name, checks, result.stdout)
+        if result.exit_code != 0:
+            detail = result.stderr.strip().splitlines()[-1:] or [f"exit {result.exit_code}"]
+            faults.append(Fault(conn.name, "checks", f"check script failed: {detail[0]}"))
+        return faults, replace(report, check_seconds=time.monotonic() - t0)
+
+    outcomes = pool.map(check, connect=True)  # connection faults come back as outcomes
+    hosts, faults, warnings = _collect(pool, checks, outcomes, resolving)
+    report = PreflightReport(hosts, faults, warnings, time.monotonic() - started)
+    if faults and raise_on_fault:
+        raise PreflightError(faults)
+    return report
+
+
+def _collect(
+    pool: ConnectionPool,
+    checks: Checks,
+    outcomes: Mapping[str, tuple[list[Fault], HostReport] | BaseException],
+    resolving: Mapping[str, Future[tuple[float, str | None]]],
+) -> tuple[tuple[HostReport, ...], tuple[Fault, ...], tuple[str, ...]]:
+    """Every host's report, the faults (host order) and the warnings."""
+    from poprun_py.transport import TransportError
+
+    faults: list[Fault] = []
+    warnings: list[str] = []
+    hosts: list[HostReport] = []
+    for host in pool.hosts:
+        name = host.name
+        seconds, error = resolving[name].result() if name in resolving else (None, None)
+        outcome = outcomes.get(name)
+        report = HostReport(name)
+        if isinstance(outcome, BaseException):
+            faults.append(
+                outcome.fault() if isinstance(outcome, TransportError) else _fault(name, outcome)
+            )
+        elif outcome is not None:
+            faults += outcome[0]
+            report = outcome[1]
+            if checks.topology and report.topology is None:
+                warnings.append(f"{name}: NUMA topology could not be discovered")
+        note = _resolve_warning(name, seconds, error) if seconds is not None else None
+        if note and not isinstance(outcome, BaseException) and host.address is None:
+            warnings.append(note)
+        hosts.append(replace(report, resolve_seconds=seconds))
+    return tuple(hosts), tuple(faults), tuple(warnings)
+
+
+def _fault(host: str, exc: BaseException) -> Fault:
+    return Fault(host, "ssh", f"{type(exc).__name__}: {exc}")
+
+
+def format_faults(faults: Sequence[Fault]) -> Table:
+    """A rich table of faults: host, check, problem; for the CLI to print."""
+    from rich.table import Table
+
+    table = Table(title=f"preflight failed: {len(faults)} fault(s), nothing was started")
+    table.add_column("host", style="bold", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("problem", overflow="fold")
+    for fault in faults:
+        table.add_row(fault.host, fault.check, fault.detail)
+    return table

@@ -1,0 +1,486 @@
+"""The host-side agent of the ssh backend: one per host, started over that host's connection.
+
+The ssh backend starts it with ``python3 -S -c BOOTSTRAP <length>`` and writes to its stdin the
+agent's own source (``length`` bytes, so nothing has to be installed on the host), then
+requests: commands to run first (preflight's checks, so a whole launch costs one login session
+per host), then the host's part of the job, then control lines. It uses the standard library
+only and runs on any Python 3.7+ on Linux.
+
+What it does, with the local backend's rules: writes the job's files (mode 0600); starts every
+instance in its own session, so its process group can be signalled as a whole, with the
+instance environment (which therefore never appears in any argv); forwards each output line
+tagged with the instance index; reports each exit at once. When every instance has ended it
+stops what they left behind (their process groups and sessions, and anything carrying this
+run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the grace period. On ``term`` it stops
+everything the same way. When poprun-py is gone -- stdin closed, a write to the channel failed,
+or no heartbeat for ``liveness`` seconds (the host was cut off) -- it does so on its own.
+
+Protocol, one record a line. stdin (poprun-py to agent): first any number of
+``run {json}`` requests (preflight checks: ``argv``, ``timeout``, ``env``, ``cwd``, ``stdin``),
+each answered ``R {json}`` (``code``, ``stdout``, ``stderr``, ``timeout``) before the next is
+read; then ``job {json}`` (files, instances, timings); then ``h`` (heartbeat), ``term``
+(SIGTERM now, SIGKILL after grace), ``kill`` (SIGKILL now). Records about the job (stdout)::
+
+    h              heartbeat, after ``heartbeat`` seconds without any other record
+    p IDX PID      instance IDX started; PID is also its process group and session id
+    o IDX TEXT     one line of its stdout (e: stderr), without the newline
+    x IDX CODE     it exited with CODE          k IDX SIG   it was killed by signal SIG
+    f IDX TEXT     it could not be started (TEXT says why)
+    n IDX TEXT     it was not started: the agent was told to stop first
+    d              every instance has ended and nothing is left; the agent exits
+
+Example (the agent run locally, as its tests do)::
+
+    >>> import json, subprocess, sys
+    >>> job = {"instances": [{"index": 3, "argv": ["echo", "hi"], "env": {}, "cwd": None}]}
+    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.remote_agent", "--no-stdin-eof"],
+    ...     input=b"job " + json.dumps(job).encode() + b"\\n", capture_output=True).stdout
+    >>> [r for r in out.decode().splitlines() if r[0] in "oxd"]
+    ['o 3 hi', 'x 3 0', 'd']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+BOOTSTRAP = (
+    "import os,sys\n"
+    "n=int(sys.argv[1]);b=b''\n"
+    "while len(b)<n:\n"
+    " c=os.read(0,n-len(b))\n"
+    " if not c:sys.exit(3)\n"
+    " b+=c\n"
+    "exec(compile(b,'poprun-agent','exec'))\n"
+)
+"""Reads exactly the agent's source from stdin (never more: the rest is the header) and runs it."""
+
+RUN_ID_VAR = "POPRUN_RUN_ID"  # the same name poprun_py.supervise uses
+DRAIN = 1.0  # once nothing is left running, how long to wait for the last output
+SCAN_EVERY = 0.05  # while stopping leftovers, how often to look for them in /proc
+MAX_PENDING = 1 << 22  # stop reading instance output while this much waits for the channel
+MAX_LINE = 1 << 16  # a longer line without a newline is forwarded in pieces
+IDLE = 3600.0  # before the job: silence after which poprun-py is taken to be gone (cut off)
+
+
+class _Instance:
+    """One started instance: its process, its open output pipes and their partial lines."""
+
+    def __init__(self, index: int, proc: subprocess.Popen[bytes]) -> None:
+        self.index = index
+        self.proc = proc
+        self.pipes: dict[int, bytes] = {}  # open fd -> record kind (b"o" or b"e")
+        self.partial: dict[int, bytes] = {}
+        self.reported = False
+        for stream, kind in ((proc.stdout, b"o"), (proc.stderr, b"e")):
+            if stream is not None:
+                self.pipes[stream.fileno()] = kind
+                self.partial[stream.fileno()] = b""
+
+
+class Agent:
+    """The agent's state and event loop; :meth:`run` returns when the host's job is over."""
+
+    def __init__(self, header: dict[str, Any], control: bytes, in_fd: int = 0, out_fd: int = 1):
+        self.header = header
+        self.in_fd, self.out_fd = in_fd, out_fd
+        self.heartbeat = float(header.get("heartbeat", 0.5))
+        self.liveness = float(header.get("liveness", 0.0))
+        self.grace = float(header.get("grace", 5.0))
+        self.token = f"{RUN_ID_VAR}={header.get('run_id', os.getpid())}".encode()
+        self.sel = selectors.DefaultSelector()
+        self.pending = bytearray()
+        self.control = bytearray(control)
+        self.instances: list[_Instance] = []
+        self.heard = self.sent = time.monotonic()
+        self.in_open = True  # False once poprun-py cannot hear us (stdin EOF, broken channel)
+        self.stopping = False  # SIGTERM sent (asked, orphaned, or every instance ended)
+        self.kill_at: float | None = None
+        self.scanned = 0.0
+        self.clean_at: float | None = None  # when no leftover was found any more
+        self.wake_r, self.wake_w = os.pipe()
+
+    # ------------------------------------------------------------ setup
+
+    def start(self) -> None:
+        """Write the job's files, start the instances, and register every fd."""
+        for fd in (self.wake_r, self.wake_w, self.out_fd):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        failure = self.write_files()
+        for spec in self.header.get("instances", []):
+            if failure:
+                self.emit(b"f %d %s" % (spec["index"], failure.encode()))
+            elif not self.stopping:
+                self.spawn(spec)
+            else:
+                self.emit(b"n %d not started: stopping" % spec["index"])
+        self.handle_control()  # control lines that came with the header
+
+    def write_files(self) -> str:
+        """Write every file of the header (atomically, mode 0600); '' or what went wrong."""
+        for item in self.header.get("files", []):
+            path, text = item["path"], item["text"]
+            tmp = f"{path}.{os.getpid()}.tmp"
+            try:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                os.replace(tmp, path)
+            except OSError as exc:
+                return f"cannot write {path}: {exc.strerror or exc}"
+        return ""
+
+    def spawn(self, spec: dict[str, Any]) -> None:
+        """Start one instance in its own session, with its environment over the agent's."""
+        env = dict(os.environ)
+        env.update(spec.get("env") or {})
+        env[RUN_ID_VAR] = self.token.decode().partition("=")[2]
+        try:
+            proc = subprocess.Popen(
+                spec["argv"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=spec.get("cwd") or None,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            what = str(spec["argv"][0] if exc.filename is None else exc.filename)
+            why = f"cannot start {what!r}: {exc.strerror or exc}"
+            self.emit(b"f %d %s" % (spec["index"], why.encode()))
+            return
+        inst = _Instance(int(spec["index"]), proc)
+        self.instances.append(inst)
+        self.emit(b"p %d %d" % (inst.index, proc.pid))
+        for fd in inst.pipes:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, inst)
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Supervise until the host's job is over and its records are sent (or nobody listens)."""
+        while not self.finished(time.monotonic()):
+            timeout = max(0.0, min(self.deadlines()) - time.monotonic())
+            for key, _ in self.sel.select(timeout):
+                if key.data == "wake":
+                    self.drain_wakeups()
+                elif key.data == "control":
+                    self.read_control()
+                elif key.data == "out":
+                    self.flush()
+                else:
+                    self.read_pipe(key.data, key.fd)
+            self.tick(time.monotonic())
+        for inst in self.instances:
+            for fd in list(inst.pipes):
+                self.close_pipe(inst, fd)
+        self.emit(b"d")
+        if self.in_open:
+            os.set_blocking(self.out_fd, True)
+            self.flush()
+
+    def finished(self, now: float) -> bool:
+        """Every instance reported, no leftover, output drained (or nobody listens any more)."""
+        if not all(inst.reported for inst in self.instances) or self.clean_at is None:
+            return False
+        pipes_done = not any(inst.pipes for inst in self.instances) or now >= self.clean_at + DRAIN
+        return pipes_done and not (self.in_open and self.pending)
+
+    def deadlines(self) -> list[float]:
+        """Times at which the loop must wake even without input."""
+        times = [self.sent + self.heartbeat]
+        if self.liveness > 0 and self.in_open:
+            times.append(self.heard + self.liveness)
+        if self.kill_at is not None:
+            times.append(self.kill_at)
+        if self.stopping and self.clean_at is None:
+            times.append(self.scanned + SCAN_EVERY)
+        if self.clean_at is not None:
+            times.append(self.clean_at + DRAIN)
+        return times
+
+    def tick(self, now: float) -> None:
+        """Time-driven work: reap, liveness, SIGKILL after grace, leftovers, heartbeat."""
+        self.reap()
+        if all(inst.reported for inst in self.instances):
+            self.stop()
+        if self.liveness > 0 and self.in_open and now - self.heard > self.liveness:
+            self.in_open = False  # cut off: nobody hears us, and our output would only pile up
+            self.pending.clear()
+            self.stop()
+        if self.kill_at is not None and now >= self.kill_at:
+            self.signal_all(signal.SIGKILL)
+            self.kill_at = None
+        if self.stopping and self.clean_at is None and now - self.scanned >= SCAN_EVERY:
+            self.scanned = now
+            if all(inst.reported for inst in self.instances) and not self.leftovers():
+                self.clean_at = now
+        if now - self.sent >= self.heartbeat:
+            self.emit(b"h")
+        self.update_interest()
+
+    def reap(self) -> None:
+        """Report every instance that has exited."""
+        for inst in self.instances:
+            code = inst.proc.poll() if not inst.reported else None
+            if code is not None:
+                inst.reported = True
+                self.emit(
+                    b"k %d %d" % (inst.index, -code)
+                    if code < 0
+                    else b"x %d %d" % (inst.index, code)
+                )
+
+    # ------------------------------------------------------------ input
+
+    def drain_wakeups(self) -> None:
+        """Empty the signal wakeup pipe (SIGCHLD and friends); tick() does the work."""
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def read_control(self) -> None:
+        """Read control lines from poprun-py; EOF means it is gone."""
+        try:
+            data = os.read(self.in_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(self.in_fd)
+            self.in_open = False
+            self.pending.clear()
+            self.stop()
+            return
+        self.heard = time.monotonic()
+        self.control += data
+        self.handle_control()
+
+    def handle_control(self) -> None:
+        """Act on every complete control line received so far."""
+        while b"\n" in self.control:
+            line, _, rest = bytes(self.control).partition(b"\n")
+            self.control = bytearray(rest)
+            if line == b"term":
+                self.stop()
+            elif line == b"kill":
+                self.signal_all(signal.SIGKILL)
+
+    def read_pipe(self, inst: _Instance, fd: int) -> None:
+        """Forward the complete lines of one instance pipe."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close_pipe(inst, fd)
+            return
+        lines = (inst.partial[fd] + data).split(b"\n")
+        inst.partial[fd] = lines.pop()
+        if len(inst.partial[fd]) > MAX_LINE:
+            lines.append(inst.partial[fd])
+            inst.partial[fd] = b""
+        kind = inst.pipes[fd]
+        for line in lines:
+            self.emit(b"%s %d %s" % (kind, inst.index, line))
+
+    def close_pipe(self, inst: _Instance, fd: int) -> None:
+        """Send a pipe's last partial line and close it."""
+        kind = inst.pipes.pop(fd)
+        if inst.partial.get(fd):
+            self.emit(b"%s %d %s" % (kind, inst.index, inst.partial[fd]))
+        if fd in self.sel.get_map():
+            self.sel.unregister(fd)
+        os.close(fd)
+
+    # ------------------------------------------------------------ output
+
+    def emit(self, record: bytes) -> None:
+        """Queue one record for poprun-py (dropped once nobody listens)."""
+        self.sent = time.monotonic()
+        if self.in_open:
+            self.pending += record + b"\n"
+            self.flush()
+
+    def flush(self) -> None:
+        """Write as much pending output as the channel takes without blocking."""
+        while self.pending:
+            try:
+                n = os.write(self.out_fd, self.pending[:65536])
+            except BlockingIOError:
+                return
+            except OSError:
+                self.pending.clear()
+                self.in_open = False
+                self.stop()
+                return
+            del self.pending[:n]
+
+    def update_interest(self) -> None:
+        """Watch the channel while output waits; stop reading pipes while too much waits."""
+        registered = self.sel.get_map()
+        want_out = bool(self.pending) and self.in_open
+        if want_out and self.out_fd not in registered:
+            self.sel.register(self.out_fd, selectors.EVENT_WRITE, "out")
+        elif not want_out and self.out_fd in registered:
+            self.sel.unregister(self.out_fd)
+        paused = len(self.pending) > MAX_PENDING
+        for inst in self.instances:
+            for fd in inst.pipes:
+                if paused and fd in registered:
+                    self.sel.unregister(fd)
+                elif not paused and fd not in registered:
+                    self.sel.register(fd, selectors.EVENT_READ, inst)
+
+    # ------------------------------------------------------------ stopping
+
+    def stop(self) -> None:
+        """SIGTERM every instance and leftover now; SIGKILL after the grace period."""
+        if not self.stopping:
+            self.stopping = True
+            self.signal_all(signal.SIGTERM)
+
+    def signal_all(self, sig: int) -> None:
+        """Signal every instance's process group and every leftover found in /proc."""
+        for inst in self.instances:
+            _kill(inst.proc.pid, sig, group=True)
+        for pid in self.leftovers():
+            _kill(pid, sig, group=False)
+        if sig == signal.SIGTERM and self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace
+
+    def leftovers(self) -> list[int]:
+        """Live processes in an instance's group or session, or carrying this run's id."""
+        groups = {inst.proc.pid for inst in self.instances}
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                pid = int(name)
+                if _belongs(pid, groups, self.token):
+                    found.append(pid)
+        return found
+
+
+def _belongs(pid: int, groups: set[int], token: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X"):
+            return False
+        if int(fields[2]) in groups or int(fields[3]) in groups:
+            return True
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return token in handle.read().split(b"\0")
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _kill(pid: int, sig: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
+    """Answer ``run`` requests until the ``job`` line; return the job and the bytes after it.
+
+    Exits when stdin ends or stays silent for ``idle`` seconds (poprun-py is gone).
+    """
+    data = b""
+    while True:
+        while b"\n" not in data:
+            ready, _, _ = select.select([fd], [], [], idle)
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                sys.exit(0)
+            data += chunk
+        line, _, data = data.partition(b"\n")
+        verb, _, body = line.partition(b" ")
+        if verb == b"job":
+            job: dict[str, Any] = json.loads(body)
+            return job, data
+        if verb == b"run":
+            reply = b"R " + json.dumps(run_request(json.loads(body))).encode() + b"\n"
+            _write_all(1, reply)
+
+
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one command to the end (its own session, killed at its timeout); its outcome."""
+    reply: dict[str, Any] = {"id": request.get("id"), "timeout": False}
+    env = dict(os.environ)
+    env.update(request.get("env") or {})
+    try:
+        proc = subprocess.Popen(
+            request["argv"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=request.get("cwd") or None,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return {**reply, "code": 127, "stdout": "", "stderr": f"{request['argv'][0]}: {exc}"}
+    stdin = (request.get("stdin") or "").encode("utf-8", "surrogateescape")
+    try:
+        out, err = proc.communicate(stdin, timeout=request.get("timeout"))
+    except subprocess.TimeoutExpired:
+        _kill(proc.pid, signal.SIGKILL, group=True)
+        out, err = proc.communicate()
+        reply["timeout"] = True
+    _kill(proc.pid, signal.SIGKILL, group=True)  # nothing it started outlives it
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    text = {"stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+    return {**reply, "code": code, **text}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: serve requests, then run the job, exit 0.
+
+    ``--no-stdin-eof`` (for local tests and the example): end of stdin after the job line is
+    not taken to mean that poprun-py is gone.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    header, rest = serve()
+    in_fd = 0
+    if "--no-stdin-eof" in args:
+        in_fd, _keep_open = os.pipe()  # a control fd that never yields data or EOF
+    agent = Agent(header, rest, in_fd=in_fd)
+    agent.start()
+    agent.run()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Slurm allocations, step clean-up and batch scripts for the slurm backend.
+
+The step itself is rendered by ``templates/srun.j2`` (see its header: task placement with
+``--distribution=arbitrary``, per-task scripts, CPU binding) and run by
+:class:`poprun_py.backends.slurm.SlurmBackend`. This module holds what surrounds it:
+
+- :func:`current_allocation` -- the allocation poprun-py runs inside (``SLURM_JOB_ID`` and
+  ``SLURM_JOB_NODELIST``), hosts in Slurm's order;
+- :func:`allocate` / :func:`release` / :func:`allocated` -- outside an allocation, ask for one
+  with ``salloc --no-shell`` (nodes, tasks, time, partition from :class:`SlurmRequest`; whole
+  nodes by default, since Slurm binds only to CPUs the allocation holds), run steps in it by
+  passing :attr:`Allocation.environ` to srun, and ``scancel`` it afterwards;
+- :func:`cancel_steps` -- cancel steps or jobs by name (what a killed srun leaves running);
+- :func:`batch_script` -- ``templates/sbatch.j2``: ``#SBATCH`` directives for the request, and a
+  body that runs ``poprun-py launch --backend slurm ...`` inside the allocation, where hosts
+  come from Slurm at run time.
+
+Example:
+
+    >>> current_allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]"})
+    Allocation(job_id='42', nodelist='n[1-2]', hosts=('n1', 'n2'), owned=False)
+    >>> salloc_argv(SlurmRequest(nodes=2, tasks=4, time="10"))
+    ['salloc', '--no-shell', '--nodes=2', '--ntasks=4', '--ntasks-per-node=2', '--time=10', \
+'--job-name=poprun', '--exclusive']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from poprun_py.errors import BackendError, ProvisionError, UsageError
+from poprun_py.hosts import expand_names
+
+if TYPE_CHECKING:
+    from poprun_py.plan import LaunchPlan
+
+SBATCH_TEMPLATE = "sbatch.j2"
+CLIENT_TIMEOUT = 30.0
+
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+_TIME = re.compile(r"(?:\d+-)?\d+(?::\d+){0,2}|UNLIMITED|INFINITE")
+_WORD = re.compile(r"[A-Za-z0-9_.,:@+=/%-]+")
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """What to ask Slurm for.
+
+    ``time`` is in Slurm's format (``30`` minutes, ``1:00:00``, ``2-0``); ``tasks`` must be a
+    multiple of ``nodes``; ``exclusive`` asks for whole nodes (needed for NUMA binding);
+    ``nodelist`` names the nodes (as many as ``nodes``); ``output`` is sbatch's ``--output``.
+    """
+
+    nodes: int
+    tasks: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "poprun"
+    exclusive: bool = True
+    nodelist: tuple[str, ...] = ()
+    output: str | None = None
+
+    def check(self) -> SlurmRequest:
+        """Return self if valid; raise UsageError naming the bad field otherwise."""
+        if self.nodes < 1:
+            raise UsageError(f"--nodes must be at least 1, got {self.nodes}")
+        if self.tasks is not None and (self.tasks < 1 or self.tasks % self.nodes):
+            raise UsageError(
+                f"{self.tasks} tasks cannot be spread evenly over {self.nodes} Slurm node(s)"
+            )
+        if self.time is not None and not _TIME.fullmatch(self.time):
+            raise UsageError(f"bad --time {self.time!r}: use minutes, [D-]HH:MM[:SS] or MM:SS")
+        if self.nodelist and len(self.nodelist) != self.nodes:
+            raise UsageError(f"{len(self.nodelist)} host(s) named for {self.nodes} Slurm node(s)")
+        fields = [("partition", self.partition), ("account", self.account)]
+        fields += [("job name", self.job_name), ("output", self.output)]
+        fields += [("node", n) for n in self.nodelist]
+        for what, value in fields:
+            if value is not None and not _WORD.fullmatch(value):
+                raise UsageError(f"bad Slurm {what} {value!r}: no spaces or shell characters")
+        return self
+
+
+def request_options(req: SlurmRequest) -> list[str]:
+    """The options salloc and sbatch share for ``req`` (validated first).
+
+    >>> request_options(SlurmRequest(2, partition="debug", exclusive=False))
+    ['--nodes=2', '--partition=debug', '--job-name=poprun']
+    """
+    req.check()
+    opts = [f"--nodes={req.nodes}"]
+    if req.tasks is not None:
+        opts += [f"--ntasks={req.tasks}", f"--ntasks-per-node={req.tasks // req.nodes}"]
+    if req.time is not None:
+        opts.append(f"--time={req.time}")
+    if req.partition is not None:
+        opts.append(f"--partition={req.partition}")
+    if req.account is not None:
+        opts.append(f"--account={req.account}")
+    opts.append(f"--job-name={req.job_name}")
+    if req.exclusive:
+        opts.append("--exclusive")
+    if req.nodelist:
+        opts.append(f"--nodelist={','.join(req.nodelist)}")
+    return opts
+
+
+def salloc_argv(req: SlurmRequest) -> list[str]:
+    """``salloc --no-shell ...``: allocate, print the job id, return; the job keeps the nodes."""
+    return ["salloc", "--no-shell", *request_options(req)]
+
+
+# ---------------------------------------------------------------- allocations
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A Slurm job allocation: its id, its nodes in Slurm's order, and whether we made it."""
+
+    job_id: str
+    nodelist: str
+    hosts: tuple[str, ...]
+    owned: bool = False
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """What srun needs in its environment to run a step inside this allocation."""
+        return {
+            "SLURM_JOB_ID": self.job_id,
+            "SLURM_JOBID": self.job_id,
+            "SLURM_JOB_NODELIST": self.nodelist,
+            "SLURM_NODELIST": self.nodelist,
+            "SLURM_JOB_NUM_NODES": str(len(self.hosts)),
+            "SLURM_NNODES": str(len(self.hosts)),
+        }
+
+
+def current_allocation(environ: Mapping[str, str]) -> Allocation | None:
+    """The allocation poprun-py runs inside (``SLURM_JOB_ID`` and a nodelist set), or None."""
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not job_id or not nodelist:
+        return None
+    return Allocation(job_id, nodelist, tuple(expand_names(nodelist, "Slurm node")))
+
+
+def client(argv: Sequence[str], environ: Mapping[str, str], timeout: float | None) -> str:
+    """Run a Slurm client; return its stdout and stderr, or raise BackendError with its last
+    line (ProvisionError when the client is not installed)."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=dict(environ),
+        )
+    except FileNotFoundError as exc:
+        raise BackendError(f"{argv[0]} not found on PATH; install slurm-client") from exc
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"{shlex.join(argv)}: {exc}") from exc
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
+        raise BackendError(f"{argv[0]} failed: {lines[-1]}")
+    return proc.stdout + proc.stderr
+
+
+def allocate(
+    req: SlurmRequest, environ: Mapping[str, str] | None = None, timeout: float | None = None
+) -> Allocation:
+    """Ask Slurm for ``req`` with ``salloc --no-shell``; wait until it is granted.
+
+    Give it back with :func:`release`. ProvisionError when Slurm grants nothing.
+    """
+    env = dict(os.environ if environ is None else environ)
+    try:
+        out = client(salloc_argv(req), env, timeout)
+    except BackendError as exc:
+        raise ProvisionError(f"no Slurm allocation: {exc}") from exc
+    match = _GRANTED.search(out)
+    if match is None:
+        raise ProvisionError(f"salloc granted nothing: {out.strip()[-200:]!r}")
+    job_id = match.group(1)
+    try:
+        nodelist = client(["squeue", "-h", "-j", job_id, "-o", "%N"], env, CLIENT_TIMEOUT)
+        nodelist = nodelist.strip()
+        return Allocation(job_id, nodelist, tuple(expand_names(nodelist, "Slurm node")), True)
+    except BaseException:
+        client(["scancel", job_id], env, CLIENT_TIMEOUT)
+        raise
+
+
+def release(alloc: Allocation, environ: Mapping[str, str] | None = None) -> None:
+    """Cancel an allocation poprun-py made (``scancel``); one it runs inside is left alone."""
+    if alloc.owned:
+        client(["scancel", alloc.job_id], dict(os.environ if environ is None else environ), 30)
+
+
+@contextlib.contextmanager
+def allocated(req: SlurmRequest, environ: Mapping[str, str] | None = None) -> Iterator[Allocation]:
+    """The current allocation if inside one; else a new one, released on the way out."""
+    env = dict(os.environ if environ is None else environ)
+    current = current_allocation(env)
+    if current is not None:
+        yield current
+        return
+    alloc = allocate(req, env)
+    try:
+        yield alloc
+    finally:
+        release(alloc, env)
+
+
+# ---------------------------------------------------------------- steps
+
+
+def step_names(launcher: Sequence[str]) -> tuple[str, ...]:
+    """The ``--job-name``/``-J`` values of an srun argv (before its program).
+
+    >>> step_names(["srun", "--job-name=poprun-x", "-N2", "/bin/sh", "t.sh", "-J", "y"])
+    ('poprun-x',)
+    """
+    names: list[str] = []
+    args = list(launcher[1:])
+    for pos, arg in enumerate(args):
+        if not arg.startswith("-"):
+            break
+        if arg.startswith("--job-name="):
+            names.append(arg.split("=", 1)[1])
+        elif arg in ("-J", "--job-name") and pos + 1 < len(args):
+            names.append(args[pos + 1])
+    return tuple(names)
+
+
+def _named(listing: str, names: Iterable[str]) -> list[str]:
+    """Ids from ``squeue -o '%i %j'`` lines whose name (the rest of the line) is in ``names``."""
+    wanted = set(names)
+    ids = []
+    for line in listing.splitlines():
+        parts = line.strip().split(" ", 1)
+        if len(parts) == 2 and parts[1] in wanted:
+            ids.append(parts[0])
+    return ids
+
+
+def cancel_steps(names: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """SIGKILL every step called one of ``names`` and cancel every job so called (an
+    allocation srun made itself); return the ids Slurm still listed.
+
+    Call until it returns [] to wait until Slurm has nothing of those names left.
+    """
+    env = dict(os.environ if environ is None else environ)
+    names = tuple(names)
+    listing = ["squeue", "--me", "-h", "-o", "%i %j"]
+    steps = _named(client([*listing, "--steps"], env, CLIENT_TIMEOUT), names)
+    jobs = _named(client(listing, env, CLIENT_TIMEOUT), names)
+    with contextlib.suppress(BackendError):  # gone between squeue and scancel
+        if steps:
+            client(["scancel", "--signal=KILL", *steps], env, CLIENT_TIMEOUT)
+        if jobs:
+            client(["scancel", *jobs], env, CLIENT_TIMEOUT)
+    return steps + jobs
+
+
+# ---------------------------------------------------------------- batch scripts
+
+
+def batch_script(
+    req: SlurmRequest,
+    launch_argv: Sequence[str],
+    *,
+    plan: LaunchPlan | None = None,
+    templates_dir: Path | None = None,
+) -> str:
+    """An sbatch script for ``req`` whose body runs ``launch_argv`` inside the allocation.
+
+    ``launch_argv`` is normally ``poprun-py launch --backend slurm ... PROGRAM ARGS``: inside the
+    job, poprun-py takes its hosts from the allocation and runs the step with srun. ``plan``, if
+    given, is summarised in comments. ``templates_dir`` overrides the packaged ``sbatch.j2``.
+    """
+    from poprun_py import render
+
+    if not launch_argv:
+        raise UsageError("a batch script needs the command to run inside the allocation")
+    directives = request_options(req) + ([f"--output={req.output}"] if req.output else [])
+    context = {"request": req, "directives": directives, "launch_argv": tuple(launch_argv)}
+    context["plan"] = plan
+    return render.render_template(SBATCH_TEMPLATE, context, templates_dir)
