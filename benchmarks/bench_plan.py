@@ -40,7 +40,8 @@ def run_cli(manifest: str) -> tuple[float, float]:
         f"rc = run(['plan', '-H', {HOSTS!r}, '-b', 'ssh', '-n', '{INSTANCES}', '-r', '{REPLICAS}',"
         f" '-i', '@{manifest}']);"
         "dt = time.perf_counter() - t;"
-        "sys.stderr.write(f'BENCH {dt} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}\\n');"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024;"
+        "sys.stderr.write(f'BENCH {dt} {peak}\\n');"
         "sys.exit(rc)"
     )
     start = time.perf_counter()

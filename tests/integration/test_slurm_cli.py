@@ -29,7 +29,9 @@ def poprun(args: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Com
 def squeue_empty(env: Mapping[str, str]) -> bool:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h"], env=dict(env), capture_output=True, text=True)
+        out = subprocess.run(
+            ["squeue", "-h"], env=dict(env), capture_output=True, text=True, check=False
+        )
         if not out.stdout.strip():
             return True
         time.sleep(0.1)

@@ -17,20 +17,20 @@ SPECS = {
     "empty.yaml": "",
     "unknown-top.yaml": "name: x\nreplica: 4\nhosts: [{name: a}]\n",
     "unknown-host-key.yaml": "name: x\nhosts:\n  - name: a\n    adress: 198.18.0.1\n",
-    "wrong-type.yaml": "name: x\nhosts: [{name: a}]\ndefaults:\n  replicas: \"4\"\n",
+    "wrong-type.yaml": 'name: x\nhosts: [{name: a}]\ndefaults:\n  replicas: "4"\n',
     "hosts-mapping.yaml": "name: x\nhosts: {a: 1}\n",
     "host-no-name.yaml": "name: x\nhosts:\n  - address: 198.18.0.1\n",
     "duplicate-key.yaml": "name: x\nname: y\nhosts: [{name: a}]\n",
     "bad-cpulist.yaml": (
-        "name: x\ntopologies:\n  t:\n    numa_nodes:\n      - {cpus: \"0-a\"}\n"
+        'name: x\ntopologies:\n  t:\n    numa_nodes:\n      - {cpus: "0-a"}\n'
         "hosts: [{name: a, topology: t}]\n"
     ),
     "unknown-topology.yaml": "name: x\nhosts: [{name: a, topology: nope}]\n",
     "address-count.yaml": "name: x\nhosts:\n  - name: n[1-3]\n    address: 198.18.0.[1-2]\n",
-    "bad-range.yaml": "name: x\nhosts: [{name: \"n[1-\"}]\n",
+    "bad-range.yaml": 'name: x\nhosts: [{name: "n[1-"}]\n',
     "bad-port.yaml": "name: x\nhosts: [{name: a, port: 70000}]\n",
     "bad-backend.yaml": "name: x\nhosts: [{name: a}]\ndefaults: {backend: pbs}\n",
-    "env-reserved.yaml": "name: x\nhosts: [{name: localhost}]\nenv: {RANK: \"3\"}\n",
+    "env-reserved.yaml": 'name: x\nhosts: [{name: localhost}]\nenv: {RANK: "3"}\n',
 }
 
 CASES: list[tuple[str, list[str], str]] = [
@@ -60,24 +60,68 @@ CASES: list[tuple[str, list[str], str]] = [
     ("duplicate-host", ["-H", "a,a"], "host 'a' is listed twice"),
     ("missing-hostfile", ["-H", "@{d}/no-hostfile"], "does not exist"),
     ("bad-slots", ["-H", "@{d}/hostfile-bad"], "slots must be a positive integer"),
-    ("replicas-not-multiple", ["-H", "localhost", "-r", "6", "-n", "4"], "not a multiple of --instances 4"),
-    ("instances-not-multiple-of-hosts", ["-H", "h1,h2", "-b", "local", "-r", "6", "-n", "3"], "number of hosts (2)"),
-    ("more-instances-than-replicas", ["-H", "localhost", "-r", "2", "-n", "4"], "more instances (4) than replicas (2)"),
-    ("not-enough-devices", ["-c", "clusters/pod16.yaml", "-r", "128", "-n", "16", "-d", "4"], "has 16 devices"),
+    (
+        "replicas-not-multiple",
+        ["-H", "localhost", "-r", "6", "-n", "4"],
+        "not a multiple of --instances 4",
+    ),
+    (
+        "instances-not-multiple-of-hosts",
+        ["-H", "h1,h2", "-b", "local", "-r", "6", "-n", "3"],
+        "number of hosts (2)",
+    ),
+    (
+        "more-instances-than-replicas",
+        ["-H", "localhost", "-r", "2", "-n", "4"],
+        "more instances (4) than replicas (2)",
+    ),
+    (
+        "not-enough-devices",
+        ["-c", "clusters/pod16.yaml", "-r", "128", "-n", "16", "-d", "4"],
+        "has 16 devices",
+    ),
     ("group-size", ["-H", "localhost", "-r", "4", "-g", "3"], "not a multiple of --group-size 3"),
     ("glob-matches-nothing", ["-H", "localhost", "-i", "{d}/none-*.rec"], "matches no files"),
     ("missing-manifest", ["-H", "localhost", "-i", "@{d}/no-manifest"], "does not exist"),
-    ("manifest-missing-file", ["-H", "localhost", "-i", "@{d}/manifest"], "'gone.rec' does not exist"),
-    ("eval-pad-zero", ["-H", "localhost", "-i", "{d}/*.rec", "--eval-pad", "0"], "--eval-pad must be at least 1"),
+    (
+        "manifest-missing-file",
+        ["-H", "localhost", "-i", "@{d}/manifest"],
+        "'gone.rec' does not exist",
+    ),
+    (
+        "eval-pad-zero",
+        ["-H", "localhost", "-i", "{d}/*.rec", "--eval-pad", "0"],
+        "--eval-pad must be at least 1",
+    ),
     ("env-bad-name", ["-H", "localhost", "-e", "1BAD=x"], "'1BAD' is not a valid variable name"),
-    ("env-unset-secret", ["-H", "localhost", "-e", "POPRUN_TEST_NOT_SET_ANYWHERE"], "is not set in this environment"),
-    ("env-reserved", ["-H", "localhost", "-e", "MASTER_PORT=1"], "poprun-py sets MASTER_PORT itself"),
-    ("unknown-backend", ["-H", "localhost", "-b", "pbs"], "unknown backend 'pbs'; choose one of: local, mpirun, slurm, ssh"),
+    (
+        "env-unset-secret",
+        ["-H", "localhost", "-e", "POPRUN_TEST_NOT_SET_ANYWHERE"],
+        "is not set in this environment",
+    ),
+    (
+        "env-reserved",
+        ["-H", "localhost", "-e", "MASTER_PORT=1"],
+        "poprun-py sets MASTER_PORT itself",
+    ),
+    (
+        "unknown-backend",
+        ["-H", "localhost", "-b", "pbs"],
+        "unknown backend 'pbs'; choose one of: local, mpirun, slurm, ssh",
+    ),
     ("bad-format", ["-H", "localhost", "-f", "yaml"], "--format must be table or json"),
     ("replicas-not-integer", ["-H", "localhost", "-r", "abc"], "Invalid value for '--replicas'"),
     ("unknown-option", ["-H", "localhost", "--bogus"], "No such option: --bogus"),
-    ("master-port-range", ["-H", "localhost", "--master-port", "70000"], "--master-port must be 1-65535"),
-    ("only-output-out-of-range", ["-H", "localhost", "--only-output-from-instance", "5"], "the plan has 1 instance(s)"),
+    (
+        "master-port-range",
+        ["-H", "localhost", "--master-port", "70000"],
+        "--master-port must be 1-65535",
+    ),
+    (
+        "only-output-out-of-range",
+        ["-H", "localhost", "--only-output-from-instance", "5"],
+        "the plan has 1 instance(s)",
+    ),
 ]
 
 
@@ -118,9 +162,11 @@ def test_launch_without_program() -> None:
 
 
 def test_real_process_prints_one_line_no_traceback(workdir: Path) -> None:
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: PLW1510 - the exit code is asserted
         [sys.executable, "-m", "poprun_py", "launch", "-H", "a;rm -rf x", "true"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [

@@ -15,7 +15,14 @@ def test_plain_list_keeps_order() -> None:
 
 
 def test_ranges_with_padding_and_mixed_terms() -> None:
-    assert names("node[01-03,10],gpu[1-2]") == ["node01", "node02", "node03", "node10", "gpu1", "gpu2"]
+    assert names("node[01-03,10],gpu[1-2]") == [
+        "node01",
+        "node02",
+        "node03",
+        "node10",
+        "gpu1",
+        "gpu2",
+    ]
 
 
 def test_ip_addresses_allowed() -> None:
@@ -25,7 +32,10 @@ def test_ip_addresses_allowed() -> None:
 def test_hostfile_with_slots_comments_blank_lines() -> None:
     text = "# cluster\nnode1 slots=4\n\n  node2   slots=4  # second\nnode[3-4] slots=2\n"
     assert parse_hostfile_text(text) == [
-        HostEntry("node1", 4), HostEntry("node2", 4), HostEntry("node3", 2), HostEntry("node4", 2)
+        HostEntry("node1", 4),
+        HostEntry("node2", 4),
+        HostEntry("node3", 2),
+        HostEntry("node4", 2),
     ]
 
 
@@ -36,7 +46,9 @@ def test_at_hostfile_is_read_through_callable() -> None:
 
 def test_slurm_nodelist() -> None:
     assert [h.name for h in slurm_hosts({"SLURM_JOB_NODELIST": "cn[001-003]"}) or []] == [
-        "cn001", "cn002", "cn003"
+        "cn001",
+        "cn002",
+        "cn003",
     ]
     assert slurm_hosts({}) is None
 

@@ -23,7 +23,10 @@ def job(replicas: int, instances: int | None = None, **kw: object) -> JobSpec:
 
 def test_replicas_split_over_instances_and_instances_over_hosts() -> None:
     plan = make_plan(cluster("h[1-2]"), job(8, 4))
-    got = [(i.index, i.host, i.local_index, i.replica_offset, i.num_local_replicas) for i in plan.instances]
+    got = [
+        (i.index, i.host, i.local_index, i.replica_offset, i.num_local_replicas)
+        for i in plan.instances
+    ]
     assert got == [(0, "h1", 0, 0, 2), (1, "h1", 1, 2, 2), (2, "h2", 0, 4, 2), (3, "h2", 1, 6, 2)]
 
 

@@ -10,10 +10,16 @@ from poprun_py.shard import InputFile, InputSet, assign_shards, parse_manifest
 
 def random_files(n: int, seed: int) -> list[InputFile]:
     rng = random.Random(seed)
-    return [InputFile(f"/data/f{i:05d}", rng.choice([1, 10, 1000, rng.randint(1, 10**6)])) for i in range(n)]
+    return [
+        InputFile(f"/data/f{i:05d}", rng.choice([1, 10, 1000, rng.randint(1, 10**6)]))
+        for i in range(n)
+    ]
 
 
-@pytest.mark.parametrize(("n", "k", "seed"), [(0, 3, 0), (1, 4, 1), (7, 3, 2), (100, 7, 3), (1000, 16, 4), (50, 50, 5), (10, 64, 6)])
+@pytest.mark.parametrize(
+    ("n", "k", "seed"),
+    [(0, 3, 0), (1, 4, 1), (7, 3, 2), (100, 7, 3), (1000, 16, 4), (50, 50, 5), (10, 64, 6)],
+)
 def test_cover_balance_and_counts(n: int, k: int, seed: int) -> None:
     files = random_files(n, seed)
     shards = assign_shards(files, k)
@@ -48,7 +54,7 @@ def test_eval_pad_gives_equal_whole_batches_and_records_padding() -> None:
     assert sum(s.padding for s in shards) == 12 - 10
     for s in shards:
         real = s.files[: len(s.files) - s.padding]
-        assert set(s.files[len(real):]) <= set(real)  # padding repeats the shard's own files
+        assert set(s.files[len(real) :]) <= set(real)  # padding repeats the shard's own files
 
 
 def test_eval_pad_with_fewer_files_than_shards() -> None:
@@ -65,7 +71,10 @@ def test_bad_eval_pad() -> None:
 def test_manifest_with_and_without_sizes() -> None:
     text = "# data\n/data/a 100\n/data/b\t20\n/data/with space.rec\n\n/data/c 3\n"
     assert parse_manifest(text) == [
-        ("/data/a", 100), ("/data/b", 20), ("/data/with space.rec", None), ("/data/c", 3)
+        ("/data/a", 100),
+        ("/data/b", 20),
+        ("/data/with space.rec", None),
+        ("/data/c", 3),
     ]
 
 

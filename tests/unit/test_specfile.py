@@ -25,8 +25,13 @@ def test_every_example_loads_and_plans(path: Path) -> None:
     d = spec.defaults
     plan = make_plan(
         spec,
-        JobSpec(("train.py",), replicas=d.replicas or len(spec.hosts), instances=d.instances,
-                devices_per_replica=d.devices_per_replica or 1, group_size=d.group_size),
+        JobSpec(
+            ("train.py",),
+            replicas=d.replicas or len(spec.hosts),
+            instances=d.instances,
+            devices_per_replica=d.devices_per_replica or 1,
+            group_size=d.group_size,
+        ),
     )
     assert plan.num_instances >= len(spec.hosts)
 
@@ -69,8 +74,17 @@ def test_plan_json_is_the_only_stdout(capsys: pytest.CaptureFixture[str]) -> Non
     data = json.loads(capsys.readouterr().out)
     assert data["num_replicas"] == 64 and data["num_instances"] == 16
     inst = data["instances"][3]
-    for key in ("index", "host", "local_index", "replica_offset", "num_local_replicas",
-                "numa_nodes", "cpus", "devices", "shard"):
+    for key in (
+        "index",
+        "host",
+        "local_index",
+        "replica_offset",
+        "num_local_replicas",
+        "numa_nodes",
+        "cpus",
+        "devices",
+        "shard",
+    ):
         assert key in inst
     assert set(inst["shard"]) >= {"files", "bytes", "padding"}
     assert [h["name"] for h in data["hosts"]][:2] == ["node01", "node02"]
@@ -79,15 +93,36 @@ def test_plan_json_is_the_only_stdout(capsys: pytest.CaptureFixture[str]) -> Non
 def test_plan_table_has_topology_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["plan", "-H", "h1,h2", "-b", "local", "-r", "4", "-n", "2", "t.py"]) == 0
     out = capsys.readouterr().out
-    assert "| hosts     |" in out and "| instances |" in out and "| replicas  | 0 | 1 | 2 | 3 |" in out
+    assert (
+        "| hosts     |" in out and "| instances |" in out and "| replicas  | 0 | 1 | 2 | 3 |" in out
+    )
     assert "4 replicas on 2 instances (--instances) on 2 host(s)" in out
 
 
 def test_plan_with_inputs_and_eval_pad(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for i in range(5):
         (tmp_path / f"{i}.rec").write_bytes(b"x" * (i + 1))
-    assert run(["plan", "-H", "localhost", "-r", "2", "-n", "2", "-i", f"{tmp_path}/*.rec",
-                "--eval-pad", "2", "-f", "json", "t"]) == 0
+    assert (
+        run(
+            [
+                "plan",
+                "-H",
+                "localhost",
+                "-r",
+                "2",
+                "-n",
+                "2",
+                "-i",
+                f"{tmp_path}/*.rec",
+                "--eval-pad",
+                "2",
+                "-f",
+                "json",
+                "t",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     shards = [i["shard"] for i in data["instances"]]
     assert [len(s["files"]) for s in shards] == [4, 4]
