@@ -72,10 +72,19 @@ def render(prep: Prepared, job_dir: str, available: Mapping[str, Topology | None
         job_dir=job_dir,
         templates_dir=prep.templates,
         available=available,
-        mpi_args=prep.mpi_args,
+        mpi_args=mpi_args_for(prep),
         mpi_subnet=mpi_subnet(plan, prep.mpi_args),
         as_root=_as_root(plan),
     )
+
+
+def mpi_args_for(prep: Prepared) -> tuple[str, ...]:
+    """The user's mpirun options, plus ``plm_rsh_args -F <ssh_config>`` when the cluster names
+    an ssh_config, so Open MPI's own ssh launch uses the same user, key and known_hosts."""
+    config = prep.plan.cluster.ssh_config
+    if not config or prep.backend != "mpirun" or "plm_rsh_args" in " ".join(prep.mpi_args):
+        return prep.mpi_args
+    return (*prep.mpi_args, "--mca", "plm_rsh_args", f"-F {config}")
 
 
 def local_available(prep: Prepared) -> dict[str, Topology | None]:
@@ -149,19 +158,23 @@ def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
 
 
 def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
+    from poprun_py.backends.ssh import AgentPool, stage_job
     from poprun_py.preflight import preflight
     from poprun_py.transport import ConnectionPool
 
     with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
-        report = preflight(pool, prep.plan)  # connects every host; all faults in one error
+        # ssh: one agent session per host serves preflight and the job (one login, not two)
+        runner: Any = AgentPool(pool) if prep.backend == "ssh" else pool
+        report = preflight(runner, prep.plan)  # connects every host; all faults in one error
         prep = with_topologies(prep, report.topologies)
         if settings.sync:
             from poprun_py.sync import sync
 
             sync(pool, [sync_root(prep.plan)])
-        job_dir = job_dir_for(prep.plan, settings.output_dir)
-        job = render(prep, job_dir, report.topologies)
-        return _run(prep, job, settings, BackendContext(pool=pool))
+        job = render(prep, job_dir_for(prep.plan, settings.output_dir), report.topologies)
+        if prep.backend != "ssh":
+            stage_job(pool.open_all(), job)  # shard files and job files on every host
+        return _run(prep, job, settings, BackendContext(pool=runner))
 
 
 def sync_root(plan: LaunchPlan) -> str:

@@ -100,6 +100,7 @@ class SshBackend:
             return self._run(AgentPool(pool), job, options)
 
     def _run(self, agents: AgentPool, job: RenderedJob, options: RunOptions) -> LaunchResult:
+        agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
         timing = _Timing(options.grace_period, self.heartbeat, self.liveness, self.start_timeout)
         output = Output(options, {c.index: c.host for c in job.instances})
         try:
@@ -171,6 +172,7 @@ class AgentConnection:
         self.answered = False
         self._requests = 0
         self._lock = threading.Lock()  # one request at a time per agent
+        self._send_lock = threading.Lock()  # whole lines: heartbeats come from another thread
 
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
@@ -224,7 +226,12 @@ class AgentConnection:
 
     def send(self, line: bytes) -> None:
         """Send one line to the agent."""
-        self.channel.sendall(line + b"\n")
+        with self._send_lock:
+            self.channel.sendall(line + b"\n")
+
+    def pending(self) -> bool:
+        """True if data has arrived that nobody has read yet."""
+        return bool(self.channel.recv_ready() or self.channel.recv_stderr_ready())
 
     def receive(self) -> tuple[bytes, bool]:
         """Whatever has arrived (stderr kept aside), and whether the channel has ended."""
@@ -374,6 +381,10 @@ class _Link:
         *records, self.agent.buffer = (self.agent.buffer + data).split(b"\n")
         return records, ended
 
+    def pending(self) -> bool:
+        """True if the agent has said something not read yet (the host is alive)."""
+        return self.agent is not None and self.agent.pending()
+
     def close(self) -> None:
         """Close the channel (the agent sees EOF and stops whatever is left)."""
         if self.agent is not None:
@@ -418,12 +429,14 @@ class _Run:
         self.sel = selectors.DefaultSelector()
         self.kill_at: float | None = None  # set when the stop begins
         self.lose_at: float | None = None  # set when SIGKILL was sent
-        self.beat = time.monotonic()
         self.t0 = time.time()
 
     def run(self) -> LaunchResult:
         """Start every agent, loop until every host is done, return every instance's result."""
         self.sel.register(self.watch.wake_r, selectors.EVENT_READ, None)
+        stop_beating = threading.Event()
+        beater = threading.Thread(target=self.beat, args=(stop_beating,), daemon=True)
+        beater.start()
         try:
             self.start_all()
             while not all(link.done for link in self.links.values()):
@@ -431,6 +444,8 @@ class _Run:
                     self.pump(key.data)
                 self.tick(time.monotonic())
         finally:
+            stop_beating.set()
+            beater.join()
             for link in self.links.values():
                 link.close()
             self.sel.close()
@@ -454,10 +469,16 @@ class _Run:
             else:
                 self.sel.register(link.agent.channel, selectors.EVENT_READ, link)
 
+    def beat(self, stop: threading.Event) -> None:
+        """Heartbeats to every agent, from a thread of their own: a main loop held up by a
+        slow terminal must not make the agents think poprun-py is gone."""
+        while not stop.wait(self.timing.heartbeat):
+            self.send(b"h")
+
     def timeout(self) -> float:
-        """Seconds until the next heartbeat, liveness check or stop deadline."""
+        """Seconds until the next liveness check or stop deadline (at most one heartbeat)."""
         live = [link for link in self.links.values() if not link.done]
-        times = [self.beat + self.timing.heartbeat]
+        times = [time.monotonic() + self.timing.heartbeat]
         times += [link.heard + link.silence_limit(self.timing) for link in live]
         times += [t for t in (self.kill_at, self.lose_at) if t is not None]
         return max(0.0, min(times) - time.monotonic())
@@ -545,17 +566,14 @@ class _Run:
             link.send(line)
 
     def tick(self, now: float) -> None:
-        """Interrupts, heartbeats, liveness, and the SIGKILL and give-up deadlines."""
+        """Interrupts, liveness, and the SIGKILL and give-up deadlines."""
         if self.watch.count:
             self.stop()
         if self.watch.count > 1 and self.kill_at is not None:
             self.kill_at = min(self.kill_at, now)
-        if now - self.beat >= self.timing.heartbeat:
-            self.beat = now
-            self.send(b"h")
         for link in self.links.values():
             silence = now - link.heard
-            if not link.done and silence > link.silence_limit(self.timing):
+            if not link.done and silence > link.silence_limit(self.timing) and not link.pending():
                 self.lose(link, link.why_lost(silence))
         if self.kill_at is not None and now >= self.kill_at and self.lose_at is None:
             self.lose_at = now + KILL_WAIT

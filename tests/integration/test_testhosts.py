@@ -141,7 +141,7 @@ def test_destroy_removes_everything_and_is_idempotent(make_test_cluster: MakeClu
 
 
 def test_destroy_by_name_after_state_dir_is_lost(make_test_cluster: MakeCluster) -> None:
-    cluster = make_test_cluster(2, "s")
+    cluster = make_test_cluster(2, "lost")
     shutil.rmtree(cluster.state_dir)
     destroy_cluster(cluster.name)
     assert not {h.netns for h in cluster.hosts} & netns_names()

@@ -1,0 +1,667 @@
+"""The ssh backend: its host agent run locally, then real jobs on real test hosts.
+
+Host tests run every instance on network-namespace hosts with their own sshd and check, in every
+namespace, that nothing is left running afterwards (a unique marker in each command line, and
+no process but sshd in the namespace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from poprun_py import remote_agent, render, supervise
+from poprun_py.backends.base import LaunchResult, RunOptions
+from poprun_py.backends.ssh import AGENT_START, AgentPool, SshBackend
+from poprun_py.plan import LaunchPlan, make_plan
+from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.testhosts import TestCluster, host_pids
+from poprun_py.transport import ConnectionPool, SshSettings
+from tests.hostfixtures import MakeCluster
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
+Lines = list[tuple[int, str, str]]
+
+
+# ---------------------------------------------------------------- helpers: jobs and clusters
+
+
+def plan_on(
+    cluster: TestCluster, program: Sequence[str], per_host: int = 1, **job: object
+) -> LaunchPlan:
+    """A plan with ``per_host`` instances on every host of ``cluster`` (no NUMA binding)."""
+    hosts = tuple(HostSpec(h.name, address=h.address) for h in cluster.hosts)
+    n = per_host * len(hosts)
+    spec = JobSpec(tuple(program), replicas=n, instances=n, numa_aware=False, **job)  # type: ignore[arg-type]
+    return make_plan(ClusterSpec(name=cluster.name, hosts=hosts), spec)
+
+
+def make_job(plan: LaunchPlan, job_dir: str) -> render.RenderedJob:
+    """The plan rendered for the ssh backend."""
+    return render.render_job(plan, "ssh", job_dir=job_dir)
+
+
+def settings_for(cluster: TestCluster) -> SshSettings:
+    return SshSettings(
+        known_hosts=cluster.known_hosts,
+        ssh_config=cluster.ssh_config,
+        identity_file=str(cluster.identity_file),
+        connect_timeout=5.0,
+    )
+
+
+def run_job(
+    cluster: TestCluster, job: render.RenderedJob, **options: object
+) -> tuple[LaunchResult, Lines]:
+    """Run ``job`` with a capturing sink on a fresh pool; return the result and every line."""
+    lines: Lines = []
+    opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
+    pool = ConnectionPool([h.spec for h in job.plan.hosts], settings_for(cluster))
+    try:
+        pool.open_all()
+        return SshBackend(pool).run(job, opts), lines
+    finally:
+        pool.close()
+
+
+def marker() -> str:
+    return f"poprun-ssh-test-{uuid.uuid4().hex[:12]}"
+
+
+def sleeper(mark: str, seconds: int = 60) -> list[str]:
+    """A program that sleeps, with ``mark`` in the command line of every process it runs."""
+    return [PY, "-c", f"import time; time.sleep({seconds})", mark]
+
+
+def marked(cluster: TestCluster, mark: str) -> dict[str, list[str]]:
+    """Per host: processes carrying ``mark`` (pgrep run inside the host's namespace) that
+    belong to the host's network namespace."""
+    found = {}
+    for host in cluster.hosts:
+        out = subprocess.run(
+            ["ip", "netns", "exec", host.netns, "pgrep", "-f", mark],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        mine = sorted({int(p) for p in out}.intersection(host_pids(host.netns)))
+        if mine:
+            found[host.name] = _cmdlines(mine)
+    return found
+
+
+def anywhere(mark: str) -> list[str]:
+    """Processes carrying ``mark`` anywhere on this machine."""
+    out = subprocess.run(["pgrep", "-af", mark], capture_output=True, text=True, check=False)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def strays(cluster: TestCluster) -> dict[str, list[int]]:
+    """Processes in each host's namespace other than its sshd."""
+    found = {}
+    for host in cluster.hosts:
+        pids = [p for p in host_pids(host.netns) if p != host.sshd_pid and _alive(p)]
+        if pids:
+            found[host.name] = pids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def assert_clean(cluster: TestCluster, mark: str, within: float = 10.0) -> None:
+    """Nothing with ``mark``, and nothing but sshd, in any host's namespace (waiting a little
+    for sshd's per-connection processes to exit)."""
+    deadline = time.monotonic() + within
+    while (marked(cluster, mark) or strays(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(cluster, mark) == {}
+    assert strays(cluster) == {}, {h: _cmdlines(p) for h, p in strays(cluster).items()}
+    assert anywhere(mark) == []
+
+
+def _cmdlines(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return out
+
+
+# ---------------------------------------------------------------- the agent, run locally
+
+
+def agent(header: dict[str, object], *args: str) -> subprocess.Popen[bytes]:
+    """The agent as a local process, its header already sent; stdin stays open."""
+    proc = subprocess.Popen(
+        [PY, "-m", "poprun_py.remote_agent", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(b"job " + json.dumps(header).encode() + b"\n")
+    proc.stdin.flush()
+    return proc
+
+
+def finish(proc: subprocess.Popen[bytes]) -> bytes:
+    """Read the agent's records to its end (stdin stays open until then), then wait for it."""
+    assert proc.stdin is not None and proc.stdout is not None
+    out = proc.stdout.read()
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    return out
+
+
+def records(out: bytes) -> list[str]:
+    return [r for r in out.decode().splitlines() if r != "h"]
+
+
+def wait_gone(mark: str, within: float) -> float:
+    start = time.monotonic()
+    while anywhere(mark) and time.monotonic() - start < within:
+        time.sleep(0.05)
+    assert anywhere(mark) == []
+    return time.monotonic() - start
+
+
+def test_agent_reports_the_pid_first_then_tagged_lines_then_the_exit() -> None:
+    script = "echo out; echo err >&2; printf 'no newline'; exit 3"
+    job = {"instances": [{"index": 5, "argv": ["sh", "-c", script], "env": {}, "cwd": None}]}
+    proc = agent(job)
+    recs = records(finish(proc))
+    assert recs[0] == f"p 5 {recs[0].split()[2]}" and recs[-1] == "d"
+    assert sorted(recs[1:-1]) == ["e 5 err", "o 5 no newline", "o 5 out", "x 5 3"]
+    assert proc.returncode == 0
+
+
+def test_agent_writes_job_files_private_and_passes_the_environment(tmp_path: Path) -> None:
+    shard = tmp_path / "job" / "shard-0.txt"
+    job = {
+        "files": [{"path": str(shard), "text": "a.rec\nb.rec\n"}],
+        "instances": [
+            {
+                "index": 0,
+                "argv": ["sh", "-c", 'cat "$POPRUN_SHARD_FILE"; echo "$TOKEN"; pwd'],
+                "env": {"POPRUN_SHARD_FILE": str(shard), "TOKEN": "s3cr3t"},
+                "cwd": str(tmp_path),
+            }
+        ],
+    }
+    out = finish(agent(job))
+    lines = [r[4:] for r in records(out) if r.startswith("o 0 ")]
+    assert lines == ["a.rec", "b.rec", "s3cr3t", str(tmp_path)]
+    assert shard.stat().st_mode & 0o777 == 0o600
+    assert (shard.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_agent_reports_a_program_that_cannot_start() -> None:
+    job = {"instances": [{"index": 2, "argv": ["/no/such/prog"], "env": {}, "cwd": None}]}
+    out = finish(agent(job))
+    assert records(out) == ["f 2 cannot start '/no/such/prog': No such file or directory", "d"]
+
+
+@pytest.mark.parametrize("how", ["stdin closed", "heartbeats stop"])
+def test_agent_stops_everything_when_poprun_is_gone(how: str) -> None:
+    mark = marker()
+    script = f"sleep 60 & sleep 60; : {mark}"
+    job = {
+        "liveness": 1.0,
+        "instances": [{"index": 0, "argv": ["sh", "-c", script, mark], "env": {}, "cwd": None}],
+    }
+    proc = agent(job)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith(b"p 0 ")
+    group = [line for line in anywhere(mark)]
+    assert group, "the instance did not start"
+    if how == "stdin closed":
+        assert proc.stdin is not None
+        proc.stdin.close()
+    took = wait_gone(mark, within=5.0)
+    assert took < (1.0 if how == "stdin closed" else 3.0)
+    proc.wait(timeout=5)
+    assert proc.returncode == 0
+
+
+def test_agent_term_then_kill_after_the_grace_period() -> None:
+    mark = marker()
+    stubborn = f"trap '' TERM; echo ready; while :; do sleep 0.05; done; : {mark}"
+    job = {
+        "grace": 0.5,
+        "instances": [{"index": 1, "argv": ["sh", "-c", stubborn], "env": {}, "cwd": None}],
+    }
+    proc = agent(job)
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline().startswith(b"p 1 ")
+    assert proc.stdout.readline() == b"o 1 ready\n"
+    start = time.monotonic()
+    proc.stdin.write(b"term\n")
+    proc.stdin.flush()
+    rest = records(proc.stdout.read())
+    assert 0.4 < time.monotonic() - start < 3.0
+    assert rest[-2:] == ["k 1 9", "d"]
+    assert anywhere(mark) == []
+
+
+def test_agent_stops_what_a_finished_instance_left_behind() -> None:
+    mark = marker()
+    script = f"sleep 60 & setsid sleep 61 & echo started; : {mark}"
+    job = {
+        "grace": 1.0,
+        "run_id": mark,
+        "instances": [{"index": 0, "argv": ["sh", "-c", script], "env": {}, "cwd": None}],
+    }
+    out = finish(agent(job))
+    assert records(out)[-2:] == ["x 0 0", "d"]
+    leftovers = subprocess.run(
+        ["pgrep", "-f", "sleep 6[01]$"], check=False, capture_output=True, text=True
+    ).stdout.split()
+    mine = [p for p in leftovers if f"{supervise.RUN_ID_VAR}={mark}".encode() in _environ(p)]
+    assert mine == []
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_agent_starts_from_its_source_on_stdin_like_on_a_host() -> None:
+    source = Path(remote_agent.__file__).read_bytes()
+    argv = [*AGENT_START, remote_agent.BOOTSTRAP, str(len(source))]
+    job = {"instances": [{"index": 0, "argv": ["echo", "via bootstrap"], "env": {}, "cwd": None}]}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(source + b"job " + json.dumps(job).encode() + b"\n")
+    proc.stdin.flush()
+    recs = records(proc.stdout.read())
+    proc.stdin.close()
+    assert recs[1:] == ["o 0 via bootstrap", "x 0 0", "d"]
+
+
+def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [PY, "-m", "poprun_py.remote_agent"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    requests = [
+        {
+            "id": 1,
+            "argv": ["sh", "-c", "pwd; echo $X; echo oops >&2; exit 4"],
+            "env": {"X": "1"},
+            "cwd": str(tmp_path),
+        },
+        {"id": 2, "argv": ["sleep", "5"], "timeout": 0.2},
+        {"id": 3, "argv": ["/no/such/tool"]},
+    ]
+    replies = []
+    for request in requests:
+        proc.stdin.write(b"run " + json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line.startswith(b"R ")
+        replies.append(json.loads(line[2:]))
+    assert replies[0] == {
+        "id": 1,
+        "timeout": False,
+        "code": 4,
+        "stdout": f"{tmp_path}\n1\n",
+        "stderr": "oops\n",
+    }
+    assert (replies[1]["id"], replies[1]["timeout"]) == (2, True)
+    assert (replies[2]["code"], "/no/such/tool" in replies[2]["stderr"]) == (127, True)
+    job = {"instances": [{"index": 0, "argv": ["echo", "then the job"], "env": {}, "cwd": None}]}
+    proc.stdin.write(b"job " + json.dumps(job).encode() + b"\n")
+    proc.stdin.flush()
+    assert records(finish(proc))[1:] == ["o 0 then the job", "x 0 0", "d"]
+
+
+def test_agent_without_a_job_exits_when_stdin_closes() -> None:
+    proc = subprocess.Popen([PY, "-m", "poprun_py.remote_agent"], stdin=subprocess.PIPE, cwd=REPO)
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(timeout=5) == 0
+
+
+def test_agent_uses_the_run_id_variable_of_the_local_backend() -> None:
+    assert remote_agent.RUN_ID_VAR == supervise.RUN_ID_VAR
+
+
+# ---------------------------------------------------------------- real hosts
+
+hosts = pytest.mark.hosts
+
+
+@hosts
+def test_instances_run_on_their_hosts_with_env_shards_and_logs(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    script = (
+        'echo "$(hostname) $RANK $POPRUN_HOST_INDEX $LOCAL_RANK"; '
+        'cat "$POPRUN_SHARD_FILE"; echo e$RANK >&2; : $0'
+    )
+    mark = marker()
+    plan = plan_on(test_cluster_4, ["sh", "-c", script, mark], per_host=2)
+    job = make_job(plan, str(tmp_path / "job"))
+    job = _with_shards(job)
+    result, lines = run_job(test_cluster_4, job, output_dir=tmp_path / "logs")
+    assert result.ok and result.exit_code == 0
+    names = test_cluster_4.host_names
+    for inst in plan.instances:
+        out = [line for i, s, line in lines if i == inst.index and s == "stdout"]
+        assert out == [
+            f"{names[inst.host_index]} {inst.index} {inst.host_index} {inst.local_index}",
+            f"file-{inst.index}.rec",
+        ]
+        assert (inst.index, "stderr", f"e{inst.index}") in lines
+        log = (tmp_path / "logs" / f"instance-{inst.index}.log").read_text().splitlines()
+        assert sorted(log) == sorted([*out, f"e{inst.index}"])
+    assert [(r.state, r.exit_code, r.host) for r in result.instances] == [
+        ("exited", 0, inst.host) for inst in plan.instances
+    ]
+    assert_clean(test_cluster_4, mark)
+
+
+def _with_shards(job: render.RenderedJob) -> render.RenderedJob:
+    """The job with a one-line shard file per instance (``file-<index>.rec``)."""
+    from dataclasses import replace
+
+    commands = tuple(replace(c, shard_text=f"file-{c.index}.rec\n") for c in job.instances)
+    return replace(job, instances=commands)
+
+
+@hosts
+def test_preflight_and_the_job_share_one_agent_session_per_host(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    from poprun_py.preflight import preflight
+
+    plan = plan_on(test_cluster_4, ["sh", "-c", "echo $PPID"])
+    with ConnectionPool([h.spec for h in plan.hosts], settings_for(test_cluster_4)) as pool:
+        agents = AgentPool(pool)
+        report = preflight(agents, plan)  # type: ignore[arg-type]
+        assert report.faults == () and None not in report.topologies.values()
+        parents = agents.map(lambda agent: agent.run(["sh", "-c", "echo $PPID"]).stdout.strip())
+        lines: Lines = []
+        sink = lambda i, s, line: lines.append((i, s, line))  # noqa: E731
+        result = SshBackend(agents).run(
+            make_job(plan, str(tmp_path / "job")), RunOptions(sink=sink)
+        )
+    assert result.ok
+    assert sorted(lines) == sorted(
+        (inst.index, "stdout", parents[inst.host]) for inst in plan.instances
+    )
+
+
+@hosts
+def test_an_instance_that_ends_early_leaves_the_others_running(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    script = 'if [ "$RANK" != 0 ]; then sleep 1; fi; echo done $RANK'
+    plan = plan_on(test_cluster_4, ["sh", "-c", script])
+    lines: Lines = []
+    options = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)))
+    backend = SshBackend(settings_for(test_cluster_4))  # opens (and closes) its own connections
+    result = backend.run(make_job(plan, str(tmp_path / "job")), options)
+    assert result.ok
+    assert sorted(lines) == [(i, "stdout", f"done {i}") for i in range(4)]
+
+
+@hosts
+def test_secret_environment_never_appears_in_a_command_line(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    probe = (
+        "import os, sys\n"
+        "s = os.environ['API_TOKEN'].encode()\n"
+        "hits = []\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()\n"
+        "    except OSError: continue\n"
+        "    if s in cmd: hits.append(p)\n"
+        "print('hits', len(hits), len(s))\n"
+    )
+    plan = plan_on(
+        test_cluster_4, [PY, "-c", probe], env=(EnvVar("API_TOKEN", secret, secret=True),)
+    )
+    result, lines = run_job(test_cluster_4, make_job(plan, str(tmp_path / "job")))
+    assert result.ok
+    assert sorted(line for _, _, line in lines) == [f"hits 0 {len(secret)}"] * 4
+
+
+@hosts
+def test_first_failure_stops_every_instance_on_every_host(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    script = 'if [ "$RANK" = 5 ]; then sleep 0.5; exit 3; fi; exec "$@"'
+    plan = plan_on(test_cluster_4, ["sh", "-c", script, "sh", *sleeper(mark)], per_host=2)
+    start = time.monotonic()
+    result, _ = run_job(test_cluster_4, make_job(plan, str(tmp_path / "job")), grace_period=2.0)
+    assert time.monotonic() - start < 6.0
+    assert result.exit_code == 3
+    root = result.root_cause
+    assert root is not None and (root.index, root.state, root.exit_code) == (5, "exited", 3)
+    others = [r for r in result.instances if r.index != 5]
+    assert {(r.state, r.signal) for r in others} == {("stopped", signal.SIGTERM)}
+    assert_clean(test_cluster_4, mark)
+
+
+@hosts
+def test_instance_ignoring_sigterm_gets_sigkill_after_the_grace_period(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    go = tmp_path / "go"  # test hosts share this machine's filesystem
+    script = (
+        f'if [ "$RANK" = 0 ]; then while [ ! -e {go} ]; do sleep 0.05; done; exit 1; fi; '
+        f"trap '' TERM; while :; do sleep 0.1; done; : {mark}"
+    )
+    plan = plan_on(test_cluster_4, ["sh", "-c", script])
+    thread, box = run_in_thread(test_cluster_4, make_job(plan, str(tmp_path / "job")), grace=1.0)
+    wait_marked(test_cluster_4, mark, 4)  # rank 0's script carries the mark too
+    time.sleep(0.2)  # each has run its `trap` by now
+    go.touch()
+    start = time.monotonic()
+    thread.join(timeout=20)
+    assert 1.0 < float(box["at"]) - start < 5.0  # type: ignore[arg-type]
+    result = box["result"]
+    assert isinstance(result, LaunchResult)
+    assert result.root_cause is not None and result.root_cause.index == 0
+    assert {(r.state, r.signal) for r in result.instances[1:]} == {("stopped", signal.SIGKILL)}
+    assert_clean(test_cluster_4, mark)
+
+
+@hosts
+def test_program_missing_on_a_host_is_the_root_cause(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    job = make_job(plan_on(test_cluster_4, sleeper(mark)), str(tmp_path / "job"))
+    missing = dataclasses.replace(job.instances[2], argv=("/no/such/program", mark))
+    job = dataclasses.replace(job, instances=(*job.instances[:2], missing, job.instances[3]))
+    result, _ = run_job(test_cluster_4, job, grace_period=1.0)
+    root = result.root_cause
+    assert root is not None and (root.index, root.exit_code, root.state) == (2, 127, "exited")
+    assert root.detail == "cannot start '/no/such/program': No such file or directory"
+    assert [r.state for r in result.instances] == ["stopped", "stopped", "exited", "stopped"]
+    assert_clean(test_cluster_4, mark)
+
+
+# ---------------------------------------------------------------- poprun-py as its own process
+
+DRIVER = """
+import json, sys
+from pathlib import Path
+from poprun_py.backends.base import RunOptions
+from poprun_py.backends.ssh import SshBackend
+from poprun_py.testhosts import load_cluster
+from tests.integration.test_ssh_backend import make_job, plan_on, settings_for
+from poprun_py.transport import ConnectionPool
+
+cluster = load_cluster(sys.argv[1])
+plan = plan_on(cluster, json.loads(sys.argv[2]))
+job = make_job(plan, sys.argv[3])
+pool = ConnectionPool([h.spec for h in plan.hosts], settings_for(cluster))
+pool.open_all()
+print("started", flush=True)
+result = SshBackend(pool).run(job, RunOptions(grace_period=1.0))
+pool.close()
+print(json.dumps({"interrupted": result.interrupted, "exit": result.exit_code,
+                  "states": [r.state for r in result.instances]}), flush=True)
+sys.exit(result.exit_code)
+"""
+
+
+def start_driver(cluster: TestCluster, program: list[str], job_dir: Path) -> subprocess.Popen[str]:
+    """poprun-py's ssh backend in a process of its own, running ``program`` on every host."""
+    argv = [PY, "-c", DRIVER, cluster.name, json.dumps(program), str(job_dir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "started\n"
+    return proc
+
+
+def wait_marked(
+    cluster: TestCluster, mark: str, count: int, proc: subprocess.Popen[str] | None = None
+) -> None:
+    """Wait until ``count`` marked processes run on the hosts (poprun-py still running)."""
+    deadline = time.monotonic() + 20.0
+    while sum(map(len, marked(cluster, mark).values())) < count:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"poprun-py ended early: {proc.communicate()}")
+        assert time.monotonic() < deadline, f"only {marked(cluster, mark)} started"
+        time.sleep(0.05)
+
+
+@hosts
+def test_ctrl_c_stops_every_host_and_reports_interrupted(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    proc = start_driver(test_cluster_4, sleeper(mark), tmp_path / "job")
+    wait_marked(test_cluster_4, mark, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 130
+    assert json.loads(out) == {"interrupted": True, "exit": 130, "states": ["stopped"] * 4}
+    assert_clean(test_cluster_4, mark)
+
+
+@hosts
+def test_sigkilled_poprun_leaves_nothing_running_on_any_host(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    proc = start_driver(test_cluster_4, sleeper(mark), tmp_path / "job")
+    wait_marked(test_cluster_4, mark, 4, proc)
+    proc.kill()
+    proc.wait(timeout=5)
+    start = time.monotonic()
+    while marked(test_cluster_4, mark) and time.monotonic() - start < 5:
+        time.sleep(0.05)
+    assert time.monotonic() - start < 2.0, "instances outlived poprun-py for too long"
+    assert_clean(test_cluster_4, mark)
+
+
+# ---------------------------------------------------------------- hosts that die
+
+
+def without(cluster: TestCluster, host: str) -> TestCluster:
+    """The cluster minus one host, for checks on the survivors."""
+    return dataclasses.replace(cluster, hosts=tuple(h for h in cluster.hosts if h.name != host))
+
+
+def run_in_thread(
+    cluster: TestCluster, job: render.RenderedJob, grace: float = 1.0
+) -> tuple[threading.Thread, dict[str, object]]:
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        box["result"], box["lines"] = run_job(cluster, job, grace_period=grace)
+        box["at"] = time.monotonic()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+@hosts
+def test_host_off_the_network_is_the_root_cause_within_seconds(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(4, "ka")
+    mark = marker()
+    job = make_job(plan_on(cluster, sleeper(mark)), str(tmp_path / "job"))
+    thread, box = run_in_thread(cluster, job)
+    wait_marked(cluster, mark, 4)
+    victim = cluster.hosts[2]
+    subprocess.run(
+        ["ip", "netns", "exec", victim.netns, "ip", "link", "set", "eth0", "down"], check=True
+    )
+    cut = time.monotonic()
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    detected = float(box["at"]) - cut  # type: ignore[arg-type]
+    assert detected < 5.0
+    result = box["result"]
+    assert isinstance(result, LaunchResult)
+    root = result.root_cause
+    assert root is not None and (root.index, root.host, root.state) == (2, victim.name, "lost")
+    assert victim.name in root.detail and "stopped answering" in root.detail
+    assert [r.state for r in result.instances] == ["stopped", "stopped", "lost", "stopped"]
+    assert_clean(without(cluster, victim.name), mark)
+    # cut off from poprun-py, the victim's agent stops its instances by itself
+    deadline = time.monotonic() + 6.0
+    while marked(cluster, mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(cluster, mark) == {}
+
+
+@hosts
+def test_host_whose_sshd_and_processes_die_is_lost_at_once(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(4, "kb")
+    mark = marker()
+    job = make_job(plan_on(cluster, sleeper(mark)), str(tmp_path / "job"))
+    thread, box = run_in_thread(cluster, job)
+    wait_marked(cluster, mark, 4)
+    victim = cluster.hosts[1]
+    for pid in host_pids(victim.netns):
+        os.kill(pid, signal.SIGKILL)
+    died = time.monotonic()
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    assert float(box["at"]) - died < 2.0  # type: ignore[arg-type]
+    result = box["result"]
+    assert isinstance(result, LaunchResult)
+    root = result.root_cause
+    assert root is not None and (root.host, root.state) == (victim.name, "lost")
+    assert victim.name in root.detail
+    assert_clean(without(cluster, victim.name), mark)
+    assert marked(cluster, mark) == {}
