@@ -117,13 +117,31 @@ def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
         inst.host,
         str(inst.local_index),
         _ranges(inst.replica_offset, inst.num_local_replicas),
-        ",".join(map(str, inst.numa_nodes)) or "-",
+        format_cpulist(inst.numa_nodes) or "-",
         format_cpulist(inst.cpus) or "-",
         format_cpulist(inst.devices) or "-",
         ",".join(map(str, inst.groups)) or "-",
         files,
         _human(shard.bytes),
     ]
+
+
+def table_lines(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    """A plain aligned text table (two spaces between columns), header first."""
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [list(columns), *rows]
+    ]
+
+
+def instance_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
+    """The per-instance table, at most ``limit`` rows (the JSON has them all)."""
+    rows = [instance_row(plan, inst) for inst in plan.instances[:limit]]
+    lines = table_lines(INSTANCE_COLUMNS, rows)
+    if len(plan.instances) > limit:
+        lines.append(f"... and {len(plan.instances) - limit} more instances (--format json)")
+    return lines
 
 
 INSTANCE_COLUMNS = (

@@ -394,9 +394,26 @@ def _cached_environment(user_dir: str | None) -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # noqa: S701 - shell words, not HTML; quoting is explicit
         keep_trailing_newline=True,
+        bytecode_cache=_bytecode_cache(),
     )
     jenv.filters.update(quote=quote, quoted=quoted, word=word, words=words, cpulist=format_cpulist)
     return jenv
+
+
+def _bytecode_cache() -> Any:
+    """Compiled templates kept between runs (keyed by source checksum, so edits take effect):
+    compiling them is most of a small render's time. None when no cache dir is writable."""
+    import os
+
+    import jinja2
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    directory = Path(base) / "poprun-py" / "templates"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(directory))
 
 
 def _check_dir(path: Path) -> Path:

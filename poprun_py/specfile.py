@@ -1,4 +1,5 @@
-"""Cluster specs in YAML: validated with pydantic, every fault named by file, line and key.
+"""Cluster specs in YAML: checked against a strict schema, every fault named by file, line and
+key.
 
 Unknown keys are errors, types are strict (``replicas: "4"`` is refused), duplicate keys are
 refused, and host names may be node ranges. The result is a :class:`poprun_py.spec.ClusterSpec`.
@@ -24,94 +25,109 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from poprun_py.errors import SpecError, UsageError
 from poprun_py.hosts import check_unique, expand_names
+from poprun_py.schema import (
+    Bool,
+    Either,
+    Float,
+    Int,
+    ListOf,
+    MapOf,
+    Obj,
+    OneOf,
+    Record,
+    SchemaFault,
+    Str,
+    check,
+)
 from poprun_py.spec import ClusterSpec, Defaults, HostSpec, ProviderSpec, check_env_name
 from poprun_py.topology import NumaNode, Topology, parse_cpulist
 
-_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _Numa(BaseModel):
-    model_config = _STRICT
-    id: int | None = Field(default=None, ge=0)
-    cpus: str | list[int]
-    devices: list[int] = []
-
-
-class _Topology(BaseModel):
-    model_config = _STRICT
-    numa_nodes: list[_Numa] = Field(min_length=1)
-
-
-class _Host(BaseModel):
-    model_config = _STRICT
-    name: str = Field(min_length=1)
-    address: str | None = None
-    user: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    identity_file: str | None = None
-    topology: str | _Topology | None = None
-    slots: int | None = Field(default=None, ge=1)
-
-
-class _Defaults(BaseModel):
-    model_config = _STRICT
-    backend: Literal["local", "ssh", "mpirun", "slurm"] | None = None
-    replicas: int | None = Field(default=None, ge=1)
-    instances: int | None = Field(default=None, ge=1)
-    devices_per_replica: int | None = Field(default=None, ge=0)
-    numa_aware: bool | None = None
-    group_size: int | None = Field(default=None, ge=1)
-    mpi_args: list[str] = []
-    grace_period: float | None = Field(default=None, ge=0)
-    master_port: int | None = Field(default=None, ge=1, le=65535)
-    python: str | None = None
-    connect_timeout: float | None = Field(default=None, gt=0)
-
-
-class _Ssh(BaseModel):
-    model_config = _STRICT
-    user: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    ssh_config: str | None = None
-
-
-class _Provider(BaseModel):
-    model_config = _STRICT
-    kind: Literal["local", "static", "aws"]
-    num_nodes: int | None = Field(default=None, ge=1)
-    host_prefix: str | None = None
-    region: str | None = None
-    instance_type: str | None = None
-    image: str | None = None
-    disk_gb: int | None = Field(default=None, ge=1)
-    spot: bool = False
-    placement_group: bool = False
-    ssh_user: str | None = None
-    ssh_cidr: str | None = None
-    endpoint_url: str | None = None
-
-
-class _Cluster(BaseModel):
-    model_config = _STRICT
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    simulated: bool = False
-    workdir: str | None = None
-    env: dict[str, str] = {}
-    defaults: _Defaults = _Defaults()
-    ssh: _Ssh = _Ssh()
-    topologies: dict[str, _Topology] = {}
-    hosts: list[_Host] = []
-    provider: _Provider | None = None
-    setup: str | None = None
+_ABSENT: Any = object()  # the default of an optional object that should stay absent
+_PORT = Int(ge=1, le=65535)
+_NUMA = Obj(
+    {
+        "id": Int(ge=0),
+        "cpus": Either((Str(), ListOf(Int(ge=0)))),
+        "devices": ListOf(Int(ge=0), default=()),
+    },
+    required=("cpus",),
+)
+_TOPOLOGY = Obj({"numa_nodes": ListOf(_NUMA, min_len=1)}, required=("numa_nodes",))
+_HOST = Obj(
+    {
+        "name": Str(min_len=1),
+        "address": Str(min_len=1),
+        "user": Str(min_len=1),
+        "port": _PORT,
+        "identity_file": Str(min_len=1),
+        "topology": Either((Str(min_len=1), _TOPOLOGY)),
+        "slots": Int(ge=1),
+    },
+    required=("name",),
+)
+_DEFAULTS = Obj(
+    {
+        "backend": OneOf(("local", "ssh", "mpirun", "slurm")),
+        "replicas": Int(ge=1),
+        "instances": Int(ge=1),
+        "devices_per_replica": Int(ge=0),
+        "numa_aware": Bool(),
+        "group_size": Int(ge=1),
+        "mpi_args": ListOf(Str(), default=()),
+        "grace_period": Float(ge=0),
+        "master_port": _PORT,
+        "python": Str(min_len=1),
+        "connect_timeout": Float(gt=0),
+    }
+)
+_SSH = Obj(
+    {
+        "user": Str(min_len=1),
+        "port": _PORT,
+        "identity_file": Str(min_len=1),
+        "known_hosts": Str(min_len=1),
+        "ssh_config": Str(min_len=1),
+    }
+)
+_PROVIDER = Obj(
+    {
+        "kind": OneOf(("local", "static", "aws")),
+        "num_nodes": Int(ge=1),
+        "host_prefix": Str(min_len=1),
+        "region": Str(min_len=1),
+        "instance_type": Str(min_len=1),
+        "image": Str(min_len=1),
+        "disk_gb": Int(ge=1),
+        "spot": Bool(default=False),
+        "placement_group": Bool(default=False),
+        "ssh_user": Str(min_len=1),
+        "ssh_cidr": Str(min_len=1),
+        "endpoint_url": Str(min_len=1),
+    },
+    required=("kind",),
+    default=_ABSENT,
+)
+_CLUSTER = Obj(
+    {
+        "name": Str(min_len=1, pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]*"),
+        "simulated": Bool(default=False),
+        "workdir": Str(min_len=1),
+        "env": MapOf(Str(), default={}),
+        "defaults": _DEFAULTS,
+        "ssh": _SSH,
+        "topologies": MapOf(_TOPOLOGY, default={}),
+        "hosts": ListOf(_HOST, default=()),
+        "provider": _PROVIDER,
+        "setup": Str(),
+    },
+    required=("name",),
+)
 
 
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
@@ -130,9 +146,11 @@ def parse_cluster(text: str, source: str = "<spec>") -> ClusterSpec:
     """Validate the YAML ``text`` of a cluster spec; ``source`` names it in errors."""
     data, lines = _load_yaml(text, source)
     try:
-        model = _Cluster.model_validate(data)
-    except ValidationError as exc:
-        raise _spec_error(exc, lines, source) from None
+        model = check(_CLUSTER, data)
+    except SchemaFault as fault:
+        raise SpecError(
+            fault.message, source, _line_of(lines, fault.path), _key(fault.path)
+        ) from None
     return _to_spec(model, lines, source)
 
 
@@ -180,32 +198,7 @@ def _line_of(lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> int | 
     return None
 
 
-def _spec_error(exc: ValidationError, lines: dict[tuple[Any, ...], int], source: str) -> SpecError:
-    err = exc.errors()[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _is_union_tag(p)))
-    key = ".".join(str(p) for p in loc)
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        message = "unknown key"
-    elif kind == "missing":
-        message = "required key is missing"
-    else:
-        message = err["msg"]
-        if "input" in err and kind not in ("model_type",):
-            message += f" (got {err['input']!r})"
-    more = len(exc.errors()) - 1
-    if more:
-        message += f" (and {more} more fault{'s' * (more > 1)})"
-    return SpecError(message, source, _line_of(lines, loc), key)
-
-
-def _is_union_tag(part: str) -> bool:
-    return part in ("str", "int", "_Topology", "list[int]") or part.startswith(
-        ("function-", "literal[")
-    )
-
-
-def _to_spec(model: _Cluster, lines: dict[tuple[Any, ...], int], source: str) -> ClusterSpec:
+def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> ClusterSpec:
     topologies = {
         name: _topology(t, lines, source, ("topologies", name))
         for name, t in model.topologies.items()
@@ -237,7 +230,7 @@ def _to_spec(model: _Cluster, lines: dict[tuple[Any, ...], int], source: str) ->
             python=d.python,
             connect_timeout=d.connect_timeout,
         ),
-        provider=ProviderSpec(**model.provider.model_dump()) if model.provider else None,
+        provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,
         setup=model.setup,
         known_hosts=_expand(model.ssh.known_hosts),
         ssh_config=_expand(model.ssh.ssh_config),
@@ -264,7 +257,7 @@ def _key(path: tuple[Any, ...]) -> str:
 
 
 def _topology(
-    model: _Topology, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
+    model: Record, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
 ) -> Topology:
     nodes = []
     for i, numa in enumerate(model.numa_nodes):
@@ -287,8 +280,8 @@ def _topology(
 
 
 def _hosts(
-    host: _Host,
-    ssh: _Ssh,
+    host: Record,
+    ssh: Record,
     topologies: dict[str, Topology],
     lines: dict[tuple[Any, ...], int],
     *,
@@ -325,7 +318,7 @@ def _hosts(
 
 
 def _host_topology(
-    host: _Host,
+    host: Record,
     topologies: dict[str, Topology],
     lines: dict[tuple[Any, ...], int],
     source: str,

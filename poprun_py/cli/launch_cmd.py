@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
@@ -125,25 +125,14 @@ def show_plan(plan: LaunchPlan, fmt: str, stream_stderr: bool = False) -> None:
         sys.stdout.write("\n")
         return
     stream = sys.stderr if stream_stderr else sys.stdout
-    lines = ["poprun-py topology", *display.topology_lines(plan), *display.summary_lines(plan)]
+    lines = [
+        "poprun-py topology",
+        *display.topology_lines(plan),
+        *display.summary_lines(plan),
+        *display.instance_lines(plan),
+    ]
     stream.write("\n".join(lines) + "\n")
     stream.flush()
-    console(stderr=stream_stderr).print(_instance_table(plan))
-
-
-def _instance_table(plan: LaunchPlan, limit: int = 64) -> Any:
-    from rich.table import Table
-
-    from poprun_py import display
-
-    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for column in display.INSTANCE_COLUMNS:
-        table.add_column(column, overflow="fold")
-    for inst in plan.instances[:limit]:
-        table.add_row(*display.instance_row(plan, inst))
-    if len(plan.instances) > limit:
-        table.caption = f"... and {len(plan.instances) - limit} more instances (--format json)"
-    return table
 
 
 def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
@@ -164,7 +153,7 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
         show_plan(prep.plan, "table")
     sys.stdout.write(format_job(job, masked=True))
     if with_plan:
-        console(stderr=True).print("dry run: nothing was started", markup=False)
+        sys.stderr.write("dry run: nothing was started\n")
 
 
 def _in_allocation() -> bool:
