@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,11 +158,12 @@ def _sorted_unique(inputs: InputSet) -> tuple[Any, Any]:
     import numpy as np
 
     raw = inputs.paths
-    order = sorted(range(len(raw)), key=raw.__getitem__)
     paths = np.empty(len(raw), dtype=object)
     paths[:] = raw
-    paths = paths[order]
-    sizes = np.asarray(inputs.sizes, dtype=np.int64)[order]
+    sizes = np.asarray(inputs.sizes, dtype=np.int64)
+    if not all(map(operator.lt, raw[:-1], raw[1:])):  # not already sorted and unique
+        order = sorted(range(len(raw)), key=raw.__getitem__)
+        paths, sizes = paths[order], sizes[order]
     keep = np.ones(len(paths), dtype=bool)
     keep[1:] = paths[1:] != paths[:-1]
     if keep.all():
@@ -178,7 +180,7 @@ def _deal(sizes: Any, num_shards: int) -> Any:
     by_load = np.arange(num_shards)
     result = np.empty(len(sizes), dtype=np.int64)
     for start in range(0, len(sizes), num_shards):
-        if start:
+        if start:  # lightest first; a stable sort keeps ties in shard order
             by_load = np.argsort(loads, kind="stable")
         chunk = sizes[start : start + num_shards]
         targets = by_load[: len(chunk)]
