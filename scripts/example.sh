@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
-if ! "$PYTHON" -c 'import poprun_py, numpy' >/dev/null 2>&1; then
+installed=$(cd / && "$PYTHON" -c 'import os, poprun_py; print(os.path.dirname(os.path.dirname(os.path.abspath(poprun_py.__file__))))' 2>/dev/null || true)
+if [ "$installed" != "$PWD" ]; then
     "$PYTHON" -m pip install --quiet --disable-pip-version-check -e .
 fi
 "$PYTHON" examples/make_data.py --out examples/data >/dev/null

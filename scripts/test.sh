@@ -14,8 +14,10 @@ PYTHON="${PYTHON:-python3}"
 
 scripts/install-deps.sh
 
-if ! "$PYTHON" -c 'import poprun_py, pytest, mpi4py, moto, numpy, fabric' >/dev/null 2>&1 \
-    || ! "$PYTHON" -m pip show poprun-py >/dev/null 2>&1; then
+# (re)install when poprun-py is missing, installed from another checkout, or a test extra is
+# missing; checked from / so the current directory does not shadow the installed package
+installed=$(cd / && "$PYTHON" -c 'import os, poprun_py; print(os.path.dirname(os.path.dirname(os.path.abspath(poprun_py.__file__))))' 2>/dev/null || true)
+if [ "$installed" != "$PWD" ] || ! (cd / && "$PYTHON" -c 'import pytest, pytest_timeout, mpi4py, moto, numpy, fabric, paramiko, jinja2, yaml, ClusterShell, typer, rich, mypy, ruff') >/dev/null 2>&1; then
     "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
 fi
 
