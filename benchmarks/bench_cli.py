@@ -35,8 +35,9 @@ def median_seconds(argv: list[str], runs: int) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                       cwd=ROOT)
+        subprocess.run(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=ROOT
+        )
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

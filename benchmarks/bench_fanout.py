@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from poprun_py.spec import HostSpec  # noqa: E402
 from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
 from poprun_py.transport import ConnectionPool, SshSettings  # noqa: E402
+from tests.hostfixtures import session_tag  # noqa: E402
 
 FABRIC = (
     "import sys\n"
@@ -38,16 +39,6 @@ FABRIC = (
     "group = ThreadingGroup(*sys.argv[2:], config=Config(runtime_ssh_path=sys.argv[1]))\n"
     "group.run('true', hide=True)\n"
 )
-
-
-def tag() -> str:
-    """This process's pid in letters, so host names stay unique machine-wide."""
-    pid, letters = os.getpid(), ""
-    while True:
-        pid, digit = divmod(pid, 26)
-        letters = chr(ord("a") + digit) + letters
-        if pid == 0:
-            return letters
 
 
 def bin_path(name: str) -> str | None:
@@ -132,7 +123,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     name = f"bench-fanout-{os.getpid()}"
-    cluster = create_cluster(name, args.hosts, host_prefix=f"sf{tag()}")
+    cluster = create_cluster(name, args.hosts, host_prefix=f"sf{session_tag()}")
     try:
         cmds = commands(cluster)
         for argv, env in cmds.values():  # warm caches, check every tool works

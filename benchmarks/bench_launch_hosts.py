@@ -39,18 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
+from tests.hostfixtures import session_tag  # noqa: E402
 
 Command = tuple[list[str], dict[str, str]]
-
-
-def tag() -> str:
-    """This process's pid in letters, so host names stay unique machine-wide."""
-    pid, letters = os.getpid(), ""
-    while True:
-        pid, digit = divmod(pid, 26)
-        letters = chr(ord("a") + digit) + letters
-        if pid == 0:
-            return letters
 
 
 def poprun() -> list[str]:
@@ -179,7 +170,7 @@ def main() -> None:
     if shutil.which("mpirun") is None:
         raise SystemExit("mpirun not found (Debian: openmpi-bin)")
     name = f"bench-launch-{os.getpid()}"
-    cluster = create_cluster(name, args.hosts, host_prefix=f"kc{tag()}")
+    cluster = create_cluster(name, args.hosts, host_prefix=f"kc{session_tag()}")
     work = Path(tempfile.mkdtemp(prefix="bench-launch-hosts-"))
     try:
         spec = write_spec(cluster, work / "cluster.yaml")

@@ -57,8 +57,12 @@ def in_process(manifest: str) -> float:
     from poprun_py.jobconfig import LaunchOptions, prepare
 
     opts = LaunchOptions(
-        program=("train.py",), hosts=HOSTS, backend="ssh", instances=INSTANCES,
-        replicas=REPLICAS, inputs=(f"@{manifest}",),
+        program=("train.py",),
+        hosts=HOSTS,
+        backend="ssh",
+        instances=INSTANCES,
+        replicas=REPLICAS,
+        inputs=(f"@{manifest}",),
     )
     start = time.perf_counter()
     prepare(opts)
@@ -69,8 +73,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    print(f"plan: {HOSTS} ({4096} hosts), {INSTANCES} instances, {REPLICAS} replicas; "
-          f"median of {args.runs}")
+    print(
+        f"plan: {HOSTS} ({4096} hosts), {INSTANCES} instances, {REPLICAS} replicas; "
+        f"median of {args.runs}"
+    )
     print(f"{'files':>9}  {'plan (in-process)':>18}  {'poprun-py plan':>15}  {'peak RSS':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (10_000, 100_000, 1_000_000):

@@ -52,7 +52,7 @@ _SESSION_CLUSTER = re.compile(r"pt(\d+)-[a-z0-9]+")
 _unavailable: set[str] = set()
 
 
-def _session_tag() -> str:
+def session_tag() -> str:
     """This process's pid in letters, so host names stay ``[a-z][a-z0-9]*`` and unique."""
     pid, letters = os.getpid(), ""
     while True:
@@ -113,7 +113,7 @@ class _Clusters:
         _reap_stale_clusters()
         name = f"pt{os.getpid()}-{prefix}"
         self.names.append(name)
-        cluster = create_cluster(name, num_hosts, host_prefix=f"{prefix}{_session_tag()}")
+        cluster = create_cluster(name, num_hosts, host_prefix=f"{prefix}{session_tag()}")
         self.created.append(cluster)
         return cluster
 

@@ -34,21 +34,12 @@ import pytest
 
 from poprun_py.testhosts import can_create_hosts, create_cluster, destroy_cluster, host_pids
 from poprun_py.testslurm import SlurmCluster, can_start_slurm, list_slurm, start_slurm, stop_slurm
+from tests.hostfixtures import session_tag
 
 SLURM_NODES = 3
 
 _SESSION = re.compile(r"pt(\d+)-[a-z0-9]+")
 _notes: list[str] = []
-
-
-def _session_tag() -> str:
-    """This process's pid in letters, so host names stay ``[a-z][a-z0-9]*`` and unique."""
-    pid, letters = os.getpid(), ""
-    while True:
-        pid, digit = divmod(pid, 26)
-        letters = chr(ord("a") + digit) + letters
-        if pid == 0:
-            return letters
 
 
 def _require_slurm() -> None:
@@ -91,7 +82,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     _reap_stale()
     name = f"pt{os.getpid()}-slurm"
     started = time.monotonic()
-    hosts = create_cluster(name, SLURM_NODES, host_prefix=f"s{_session_tag()}")
+    hosts = create_cluster(name, SLURM_NODES, host_prefix=f"s{session_tag()}")
     cluster = None
     try:
         cluster = start_slurm(name, hosts)

@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import signal
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from test_local_backend import REPO, left_behind, make_job, plan_for, run_local, zombies
+
+from tests.integration.helpers import (
+    left_behind,
+    make_job,
+    plan_for,
+    run_local,
+    start_driver,
+    unique_sleep,
+    wait_ready,
+    zombies,
+)
 
 PY = sys.executable
-
-
-def unique_sleep() -> str:
-    """A sleep duration no other process uses: ``sleep <it>`` is its own pgrep marker."""
-    return f"{40 + uuid.uuid4().int % 10**6 / 10**6:.6f}"
 
 
 def test_one_failure_stops_the_others_and_is_the_root_cause(tmp_path: Path) -> None:
@@ -108,20 +109,8 @@ def test_interrupting_the_launcher_stops_everything(tmp_path: Path, sig: int) ->
     marker = unique_sleep()
     script = f"echo ready; exec sleep {marker}"
     job = make_job(plan_for(["sh", "-c", script], "h1,h2", instances=4), tmp_path / "job")
-    (tmp_path / "job.pickle").write_bytes(pickle.dumps(job))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    driver = subprocess.Popen(
-        [PY, "-c", DRIVER, str(tmp_path / "job.pickle")],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert driver.stdout is not None
-    ready = 0
-    while ready < 4:
-        line = driver.stdout.readline()
-        assert line, "the driver ended before every instance was ready"
-        ready += line.endswith("] ready\n")
+    driver = start_driver(DRIVER, job, tmp_path)
+    wait_ready(driver, 4, "instance")
     driver.send_signal(sig)
     out, _ = driver.communicate(timeout=20)
     summary = json.loads(out.strip().splitlines()[-1])

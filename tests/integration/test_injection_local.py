@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_local_backend import EXAMPLES, make_job, plan_for
-from test_mpirun_local import mpirun_job, need_mpi
 
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.local import LocalBackend
@@ -24,6 +22,7 @@ from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.plan import LaunchPlan
 from poprun_py.shard import InputFile, InputSet
 from poprun_py.spec import EnvVar
+from tests.integration.helpers import EXAMPLES, make_job, mpirun_job, need_mpi, plan_for
 
 NASTY = [
     "two words",

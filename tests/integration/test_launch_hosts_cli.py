@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.testhosts import TestCluster, host_pids
+from tests.integration.helpers import marked_on
 
 pytestmark = pytest.mark.hosts
 
@@ -41,28 +42,28 @@ def spec_for(cluster: TestCluster, tmp_path: Path, **defaults: object) -> Path:
 
 def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "poprun_py", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=120, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "poprun_py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
 
 
 def leftovers(cluster: TestCluster, marker: str) -> dict[str, list[str]]:
-    found = {}
-    for host in cluster.hosts:
-        out = subprocess.run(
-            ["ip", "netns", "exec", host.netns, "pgrep", "-af", marker],
-            capture_output=True, text=True, check=False,
-        ).stdout.split("\n")
-        mine = [line for line in out if line.strip() and "pgrep" not in line]
-        if mine:
-            found[host.name] = mine
-    return found
+    found = {host.name: marked_on(host, marker) for host in cluster.hosts}
+    return {name: lines for name, lines in found.items() if lines}
 
 
 def only_sshd(cluster: TestCluster) -> None:
     for host in cluster.hosts:
-        names = [Path(f"/proc/{p}/comm").read_text().strip() for p in host_pids(host.netns)
-                 if Path(f"/proc/{p}/comm").exists()]
+        names = [
+            Path(f"/proc/{p}/comm").read_text().strip()
+            for p in host_pids(host.netns)
+            if Path(f"/proc/{p}/comm").exists()
+        ]
         assert set(names) <= {"sshd"}, (host.name, names)
 
 
@@ -72,8 +73,24 @@ def test_ssh_backend_runs_every_instance_on_its_host(
     spec = spec_for(test_cluster_4, tmp_path)
     out = tmp_path / "logs"
     show = 'echo "$RANK $POPRUN_HOST_NAME $(hostname) $LOCAL_RANK"'
-    proc = poprun("launch", "-c", str(spec), "-b", "ssh", "-r", "8", "-n", "8", "-o", str(out),
-                  "--", "sh", "-c", show, cwd=tmp_path)
+    proc = poprun(
+        "launch",
+        "-c",
+        str(spec),
+        "-b",
+        "ssh",
+        "-r",
+        "8",
+        "-n",
+        "8",
+        "-o",
+        str(out),
+        "--",
+        "sh",
+        "-c",
+        show,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     names = [h.name for h in test_cluster_4.hosts]
     for i in range(8):
@@ -89,8 +106,22 @@ def test_one_failing_instance_stops_all_hosts_with_its_code(
     spec = spec_for(test_cluster_4, tmp_path)
     marker = f"m{uuid.uuid4().hex[:10]}"
     script = f'[ "$RANK" = 5 ] && exit 9; exec sleep 60 # {marker}'
-    proc = poprun("launch", "-c", str(spec), "-b", "ssh", "-r", "8", "-n", "8", "--",
-                  "sh", "-c", script, cwd=tmp_path)
+    proc = poprun(
+        "launch",
+        "-c",
+        str(spec),
+        "-b",
+        "ssh",
+        "-r",
+        "8",
+        "-n",
+        "8",
+        "--",
+        "sh",
+        "-c",
+        script,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 9, proc.stderr
     assert "instance 5 on" in proc.stderr and "exited with code 9" in proc.stderr
     assert leftovers(test_cluster_4, marker) == {}
@@ -102,8 +133,9 @@ def test_preflight_refuses_a_missing_program_and_starts_nothing(
 ) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
     flag = tmp_path / "ran"
-    proc = poprun("launch", "-c", str(spec), "-b", "ssh", "--", "/no/such/program",
-                  str(flag), cwd=tmp_path)
+    proc = poprun(
+        "launch", "-c", str(spec), "-b", "ssh", "--", "/no/such/program", str(flag), cwd=tmp_path
+    )
     assert proc.returncode == 3, proc.stderr
     assert "preflight failed" in proc.stderr
     assert not flag.exists()
@@ -114,9 +146,23 @@ def test_preflight_refuses_a_missing_program_and_starts_nothing(
 def test_mpirun_backend_across_four_hosts(test_cluster_4: TestCluster, tmp_path: Path) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
     out = tmp_path / "logs"
-    proc = poprun("launch", "-c", str(spec), "-b", "mpirun", "-r", "8", "-n", "4",
-                  "-o", str(out), "--", sys.executable, str(ROOT / "examples" / "mpi_check.py"),
-                  cwd=tmp_path)
+    proc = poprun(
+        "launch",
+        "-c",
+        str(spec),
+        "-b",
+        "mpirun",
+        "-r",
+        "8",
+        "-n",
+        "4",
+        "-o",
+        str(out),
+        "--",
+        sys.executable,
+        str(ROOT / "examples" / "mpi_check.py"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     names = [h.name for h in test_cluster_4.hosts]
     for i in range(4):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -13,75 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import render
-from poprun_py.backends.base import LaunchResult, RunOptions
+from poprun_py.backends.base import RunOptions
 from poprun_py.backends.local import LocalBackend
 from poprun_py.errors import BackendError
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
 from poprun_py.shard import InputFile, InputSet
-from poprun_py.spec import JobSpec, cluster_from_hosts
 from poprun_py.topology import Topology, parse_sysfs_nodes
+from tests.integration.helpers import (
+    EXAMPLES,
+    REPO,
+    example_inputs,
+    free_port,
+    left_behind,
+    make_job,
+    plan_for,
+    run_local,
+    zombies,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
 PY = sys.executable
-
-
-def make_job(
-    plan: LaunchPlan, job_dir: Path, available: dict[str, Topology] | None = None
-) -> render.RenderedJob:
-    """The plan rendered for the local backend, as ``poprun-py launch`` renders it."""
-    return render.render_job(plan, "local", job_dir=str(job_dir), available=available)
-
-
-def plan_for(
-    program: list[str],
-    hosts: str = "h1",
-    instances: int = 1,
-    inputs: InputSet | None = None,
-    topology: Topology | None = None,
-    **job: object,
-) -> LaunchPlan:
-    """A plan on simulated hosts (no NUMA binding unless a topology is given)."""
-    cluster = cluster_from_hosts(parse_hosts(hosts), simulated=True, topology=topology)
-    spec = JobSpec(tuple(program), replicas=instances, instances=instances, **job)  # type: ignore[arg-type]
-    return make_plan(cluster, spec, inputs)
-
-
-def run_local(
-    plan: LaunchPlan,
-    tmp_path: Path,
-    available: dict[str, Topology] | None = None,
-    **options: object,
-) -> tuple[LaunchResult, list[tuple[int, str, str]]]:
-    """Run ``plan`` with a capturing sink; return the result and every (index, stream, line)."""
-    lines: list[tuple[int, str, str]] = []
-    opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
-    job = make_job(plan, tmp_path / "job", available)
-    return LocalBackend().run(job, opts), lines
-
-
-def left_behind(marker: str) -> list[str]:
-    """Processes whose command line contains ``marker`` (there must be none after a run)."""
-    pgrep = ["pgrep", "-af", re.escape(marker)]
-    out = subprocess.run(pgrep, capture_output=True, text=True, check=False)
-    return out.stdout.splitlines()
-
-
-def zombies() -> list[int]:
-    """Zombie children of this test process."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if fields[0] == "Z" and int(fields[1]) == os.getpid():
-                found.append(int(name))
-    return found
 
 
 def test_sixteen_instances_of_true_all_exit_zero(tmp_path: Path) -> None:
@@ -212,15 +160,9 @@ def test_unstartable_program_is_reported_not_raised(tmp_path: Path) -> None:
 
 
 def test_example_training_loss_falls_and_instances_agree(tmp_path: Path) -> None:
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from make_data import ensure_data
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    paths = ensure_data(tmp_path / "data", files=8, rows=64)
-    inputs = InputSet.of([InputFile(str(p), p.stat().st_size) for p in paths])
+    inputs = example_inputs(tmp_path / "data")
     program = [PY, str(EXAMPLES / "train.py"), "--steps", "20", "--timeout", "20"]
-    plan = plan_for(program, "h1,h2", instances=4, inputs=inputs, master_port=_free_port())
+    plan = plan_for(program, "h1,h2", instances=4, inputs=inputs, master_port=free_port())
     result, lines = run_local(plan, tmp_path)
     assert result.ok, lines
     losses: dict[int, list[float]] = {}
@@ -232,14 +174,6 @@ def test_example_training_loss_falls_and_instances_agree(tmp_path: Path) -> None
     assert losses[0][-1] < losses[0][0] * 0.8
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_example_training_fails_cleanly_when_a_peer_never_comes(tmp_path: Path) -> None:
     env = {
         **os.environ,
@@ -247,7 +181,7 @@ def test_example_training_fails_cleanly_when_a_peer_never_comes(tmp_path: Path) 
         "RANK": "1",
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
     env.pop("OMPI_COMM_WORLD_SIZE", None)
     program = [PY, str(EXAMPLES / "train.py"), "--timeout", "0.5", "--data", str(tmp_path)]

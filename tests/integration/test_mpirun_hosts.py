@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from poprun_py.render import RenderedJob, render_job
 from poprun_py.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.testhosts import TestCluster, host_pids
 from poprun_py.transport import ConnectionPool, SshSettings
+from tests.integration.helpers import marked_on, need_mpi, stray_pids
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi]
 
@@ -40,22 +40,7 @@ Lines = list[tuple[int, str, str]]
 
 @pytest.fixture(autouse=True)
 def _need_mpi() -> None:
-    missing = [
-        what
-        for what, ok in (
-            ("mpirun (Debian: openmpi-bin)", shutil.which("mpirun") is not None),
-            ("mpi4py", _has_mpi4py()),
-        )
-        if not ok
-    ]
-    if missing:
-        pytest.skip(f"MPI tests skipped: {', '.join(missing)} not installed")
-
-
-def _has_mpi4py() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mpi4py") is not None
+    need_mpi()
 
 
 def plan_on(cluster: TestCluster, program: list[str]) -> LaunchPlan:
@@ -98,25 +83,10 @@ def leftovers(cluster: TestCluster, mark: str) -> dict[str, list[str]]:
     """Per host: processes carrying ``mark`` and processes other than sshd (orted, ranks)."""
     found = {}
     for host in cluster.hosts:
-        out = subprocess.run(
-            ["ip", "netns", "exec", host.netns, "pgrep", "-af", mark],
-            check=False,
-            capture_output=True,
-            text=True,
-        ).stdout
-        stray = [line for line in out.splitlines() if "pgrep" not in line]
-        stray += [str(p) for p in host_pids(host.netns) if p != host.sshd_pid and _alive(p)]
+        stray = marked_on(host, mark) + [str(p) for p in stray_pids(host)]
         if stray:
             found[host.name] = stray
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def assert_clean(cluster: TestCluster, mark: str, within: float = 10.0) -> None:

@@ -2,55 +2,33 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import pickle
-import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_failures import unique_sleep
-from test_local_backend import EXAMPLES, REPO, _free_port, left_behind, plan_for, zombies
 
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.mpirun import MPIRUN_MISSING, FailureReport, MpirunBackend, TagDemux
 from poprun_py.errors import BackendError
 from poprun_py.plan import LaunchPlan
-from poprun_py.render import RenderedJob, render_job
-from poprun_py.shard import InputFile, InputSet
 from poprun_py.supervise import LAUNCHER_INDEX, Output
+from tests.integration.helpers import (
+    EXAMPLES,
+    example_inputs,
+    free_port,
+    left_behind,
+    mpirun_job,
+    need_mpi,
+    plan_for,
+    start_driver,
+    unique_sleep,
+    wait_ready,
+    zombies,
+)
 
 PY = sys.executable
-
-
-def need_mpi() -> None:
-    """Skip (saying why, also on the terminal) when mpirun or mpi4py is missing."""
-    missing = [
-        what
-        for what, ok in (
-            ("mpirun (Debian: openmpi-bin)", shutil.which("mpirun") is not None),
-            ("mpi4py", importlib.util.find_spec("mpi4py") is not None),
-        )
-        if not ok
-    ]
-    if missing:
-        reason = f"MPI tests skipped: {', '.join(missing)} not installed"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
-
-
-# More ranks than cores: ranks waiting in a collective yield the CPU instead of spinning.
-YIELD = ("--mca", "mpi_yield_when_idle", "1")
-
-
-def mpirun_job(plan: LaunchPlan, tmp_path: Path) -> RenderedJob:
-    """``plan`` rendered for mpirun (as root, Open MPI needs --allow-run-as-root)."""
-    root = os.geteuid() == 0
-    return render_job(plan, "mpirun", job_dir=str(tmp_path / "job"), as_root=root, mpi_args=YIELD)
 
 
 def run_mpi(
@@ -100,15 +78,9 @@ def test_failing_rank_is_the_root_cause_and_the_rest_are_stopped(tmp_path: Path)
 @pytest.mark.mpi
 def test_training_example_under_mpi_uses_allreduce(tmp_path: Path) -> None:
     need_mpi()
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from make_data import ensure_data
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    paths = ensure_data(tmp_path / "data", files=8, rows=64)
-    inputs = InputSet.of([InputFile(str(p), p.stat().st_size) for p in paths])
+    inputs = example_inputs(tmp_path / "data")
     program = [PY, str(EXAMPLES / "train.py"), "--steps", "20"]
-    plan = plan_for(program, "localhost", instances=4, inputs=inputs, master_port=_free_port())
+    plan = plan_for(program, "localhost", instances=4, inputs=inputs, master_port=free_port())
     result, lines = run_mpi(plan, tmp_path)
     assert result.ok, lines
     finals = {i: line for i, s, line in lines if s == "stdout" and line.startswith("final")}
@@ -132,19 +104,8 @@ def test_interrupting_mpirun_stops_every_rank(tmp_path: Path) -> None:
     need_mpi()
     marker = unique_sleep()
     plan = plan_for(["sh", "-c", f"echo ready; exec sleep {marker}"], "localhost", instances=3)
-    (tmp_path / "job.pickle").write_bytes(pickle.dumps(mpirun_job(plan, tmp_path)))
-    driver = subprocess.Popen(
-        [PY, "-c", DRIVER, str(tmp_path / "job.pickle")],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert driver.stdout is not None
-    ready = 0
-    while ready < 3:
-        line = driver.stdout.readline()
-        assert line, "the driver ended before every rank was ready"
-        ready += line.endswith("] ready\n")
+    driver = start_driver(DRIVER, mpirun_job(plan, tmp_path), tmp_path)
+    wait_ready(driver, 3, "rank")
     driver.send_signal(signal.SIGINT)
     out, _ = driver.communicate(timeout=30)
     summary = json.loads(out.strip().splitlines()[-1])

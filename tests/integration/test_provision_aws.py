@@ -7,6 +7,7 @@ test_provision_local.py.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import stat
@@ -24,6 +25,7 @@ from poprun_py.providers.lifecycle import down, status, up
 from poprun_py.providers.state import ClusterState
 from poprun_py.spec import ClusterSpec, ProviderSpec
 from poprun_py.specfile import load_cluster
+from tests.integration.helpers import poprun_cli
 from tests.motofixtures import AwsEnv, Ec2Proxy
 
 pytestmark = pytest.mark.cloud
@@ -103,16 +105,7 @@ def tags_of(resource: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poprun_py", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        check=False,
-    )
+cli = functools.partial(poprun_cli, timeout=60)
 
 
 # ---------------------------------------------------------------- up
@@ -390,7 +383,8 @@ def test_cli_unknown_provider_lists_the_valid_ones(aws_env: AwsEnv, tmp_path: Pa
     path.write_text("name: x\nprovider:\n  kind: gcp\n")
     proc = cli("up", str(path), "--yes")
     assert proc.returncode == 2
-    assert "'local', 'static' or 'aws'" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert "provider.kind: expected one of local, static, aws, got 'gcp'" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
 
 
 # ---------------------------------------------------------------- crash safety

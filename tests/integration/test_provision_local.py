@@ -3,6 +3,7 @@ existing hosts, and the SSH wait against a real sshd. Needs root (network namesp
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -25,7 +26,8 @@ from poprun_py.spec import ClusterSpec, HostSpec, ProviderSpec
 from poprun_py.specfile import load_cluster
 from poprun_py.testhosts import TestCluster, destroy_cluster, host_pids, list_clusters
 from poprun_py.transport import ConnectionPool, SshSettings
-from tests.hostfixtures import MakeCluster, require_hosts
+from tests.hostfixtures import MakeCluster, require_hosts, session_tag
+from tests.integration.helpers import poprun_cli
 
 pytestmark = pytest.mark.hosts
 
@@ -33,16 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRAM = "import os, socket; print('rank', os.environ['RANK'], 'on', socket.gethostname())\n"
 
 
-def letters(n: int) -> str:
-    out = ""
-    while True:
-        n, d = divmod(n, 26)
-        out = chr(ord("a") + d) + out
-        if n == 0:
-            return out
-
-
-TAG = letters(os.getpid())  # host names are machine-wide: keep concurrent sessions apart
+TAG = session_tag()  # host names are machine-wide: keep concurrent sessions apart
 
 
 _NUMBERS = itertools.count(1)
@@ -75,16 +68,7 @@ def write_spec(path: Path, name: str, nodes: int, setup: str) -> Path:
     return path
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poprun_py", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        cwd=REPO,
-        check=False,
-    )
+cli = functools.partial(poprun_cli, timeout=90)
 
 
 def namespaces(name: str) -> list[str]:

@@ -21,8 +21,13 @@ SHOW = 'echo "$RANK $POPRUN_HOST_NAME $(hostname) $POPDIST_REPLICA_INDEX_OFFSET"
 
 def poprun(args: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "poprun_py", *args], env=dict(env), cwd=cwd,
-        capture_output=True, text=True, timeout=90, check=False,
+        [sys.executable, "-m", "poprun_py", *args],
+        env=dict(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
     )
 
 
@@ -48,9 +53,27 @@ def test_launch_outside_an_allocation_asks_for_one_and_releases_it(
     nodes = slurm_cluster.node_names[:2]
     out = tmp_path / "out"
     proc = poprun(
-        ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "-r", "4", "-n", "4",
-         "--time", "5", "-o", str(out), "--", "sh", "-c", SHOW],
-        slurm_env, tmp_path,
+        [
+            "launch",
+            "--backend",
+            "slurm",
+            "--hosts",
+            ",".join(nodes),
+            "-r",
+            "4",
+            "-n",
+            "4",
+            "--time",
+            "5",
+            "-o",
+            str(out),
+            "--",
+            "sh",
+            "-c",
+            SHOW,
+        ],
+        slurm_env,
+        tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     got = logs(out, 4)
@@ -66,9 +89,29 @@ def test_launch_inside_an_allocation_takes_its_hosts_and_backend(
 ) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
-        ["salloc", "--nodes=2", "--time=2", sys.executable, "-m", "poprun_py", "launch",
-         "-r", "2", "-o", str(out), "--", "sh", "-c", SHOW],
-        env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
+        [
+            "salloc",
+            "--nodes=2",
+            "--time=2",
+            sys.executable,
+            "-m",
+            "poprun_py",
+            "launch",
+            "-r",
+            "2",
+            "-o",
+            str(out),
+            "--",
+            "sh",
+            "-c",
+            SHOW,
+        ],
+        env=slurm_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     got = logs(out, 2)
@@ -82,10 +125,27 @@ def test_failing_task_gives_its_own_exit_code(
 ) -> None:
     nodes = slurm_cluster.node_names[:2]
     proc = poprun(
-        ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "-r", "2", "--time", "5",
-         "-o", str(tmp_path / "out"), "--grace-period", "1", "--",
-         "sh", "-c", 'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 30'],
-        slurm_env, tmp_path,
+        [
+            "launch",
+            "--backend",
+            "slurm",
+            "--hosts",
+            ",".join(nodes),
+            "-r",
+            "2",
+            "--time",
+            "5",
+            "-o",
+            str(tmp_path / "out"),
+            "--grace-period",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            'if [ "$RANK" = 1 ]; then exit 7; fi; sleep 30',
+        ],
+        slurm_env,
+        tmp_path,
     )
     assert proc.returncode == 7, proc.stderr
     assert "instance 1 on" in proc.stderr and "exited with code 7" in proc.stderr

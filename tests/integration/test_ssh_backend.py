@@ -30,6 +30,7 @@ from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.testhosts import TestCluster, host_pids
 from poprun_py.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
+from tests.integration.helpers import strays
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -107,24 +108,6 @@ def anywhere(mark: str) -> list[str]:
     """Processes carrying ``mark`` anywhere on this machine."""
     out = subprocess.run(["pgrep", "-af", mark], capture_output=True, text=True, check=False)
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
-
-
-def strays(cluster: TestCluster) -> dict[str, list[int]]:
-    """Processes in each host's namespace other than its sshd."""
-    found = {}
-    for host in cluster.hosts:
-        pids = [p for p in host_pids(host.netns) if p != host.sshd_pid and _alive(p)]
-        if pids:
-            found[host.name] = pids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def assert_clean(cluster: TestCluster, mark: str, within: float = 10.0) -> None:
@@ -610,26 +593,39 @@ def run_in_thread(
     return thread, box
 
 
+def start_sleepers(
+    cluster: TestCluster, tmp_path: Path
+) -> tuple[str, threading.Thread, dict[str, object]]:
+    """A marked sleeper on each of the cluster's 4 hosts, run in a thread; all of them started."""
+    mark = marker()
+    job = make_job(plan_on(cluster, sleeper(mark)), str(tmp_path / "job"))
+    thread, box = run_in_thread(cluster, job)
+    wait_marked(cluster, mark, 4)
+    return mark, thread, box
+
+
+def joined(thread: threading.Thread, box: dict[str, object]) -> tuple[LaunchResult, float]:
+    """The run's result and when it ended, once its thread has ended (within 15 s)."""
+    thread.join(timeout=15)
+    assert not thread.is_alive()
+    result = box["result"]
+    assert isinstance(result, LaunchResult)
+    return result, float(box["at"])  # type: ignore[arg-type]
+
+
 @hosts
 def test_host_off_the_network_is_the_root_cause_within_seconds(
     make_test_cluster: MakeCluster, tmp_path: Path
 ) -> None:
     cluster = make_test_cluster(4, "ka")
-    mark = marker()
-    job = make_job(plan_on(cluster, sleeper(mark)), str(tmp_path / "job"))
-    thread, box = run_in_thread(cluster, job)
-    wait_marked(cluster, mark, 4)
+    mark, thread, box = start_sleepers(cluster, tmp_path)
     victim = cluster.hosts[2]
     subprocess.run(
         ["ip", "netns", "exec", victim.netns, "ip", "link", "set", "eth0", "down"], check=True
     )
     cut = time.monotonic()
-    thread.join(timeout=15)
-    assert not thread.is_alive()
-    detected = float(box["at"]) - cut  # type: ignore[arg-type]
-    assert detected < 5.0
-    result = box["result"]
-    assert isinstance(result, LaunchResult)
+    result, ended = joined(thread, box)
+    assert ended - cut < 5.0
     root = result.root_cause
     assert root is not None and (root.index, root.host, root.state) == (2, victim.name, "lost")
     assert victim.name in root.detail and "stopped answering" in root.detail
@@ -647,19 +643,13 @@ def test_host_whose_sshd_and_processes_die_is_lost_at_once(
     make_test_cluster: MakeCluster, tmp_path: Path
 ) -> None:
     cluster = make_test_cluster(4, "kb")
-    mark = marker()
-    job = make_job(plan_on(cluster, sleeper(mark)), str(tmp_path / "job"))
-    thread, box = run_in_thread(cluster, job)
-    wait_marked(cluster, mark, 4)
+    mark, thread, box = start_sleepers(cluster, tmp_path)
     victim = cluster.hosts[1]
     for pid in host_pids(victim.netns):
         os.kill(pid, signal.SIGKILL)
     died = time.monotonic()
-    thread.join(timeout=15)
-    assert not thread.is_alive()
-    assert float(box["at"]) - died < 2.0  # type: ignore[arg-type]
-    result = box["result"]
-    assert isinstance(result, LaunchResult)
+    result, ended = joined(thread, box)
+    assert ended - died < 2.0
     root = result.root_cause
     assert root is not None and (root.host, root.state) == (victim.name, "lost")
     assert victim.name in root.detail

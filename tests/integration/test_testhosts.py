@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.errors import ProvisionError
+from poprun_py.proctree import alive as live_pids
 from poprun_py.testhosts import (
     TestCluster,
     create_cluster,
@@ -65,11 +66,7 @@ def hosts_lines(cluster_name: str) -> list[str]:
 
 def alive(pid: int) -> bool:
     """A zombie counts as dead: PID 1 here reaps daemonized children late."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return bool(live_pids({pid}))
 
 
 def start_sleeper(cluster: TestCluster, host: str) -> int:

@@ -1,0 +1,222 @@
+"""Helpers shared by the integration tests: plans and jobs on simulated hosts, local runs, MPI
+checks, drivers in processes of their own, and the checks that nothing is left behind.
+
+Example::
+
+    from tests.integration.helpers import left_behind, plan_for, run_local, unique_sleep
+
+    def test_sleepers_are_stopped(tmp_path):
+        marker = unique_sleep()
+        script = f'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep {marker}'
+        result, lines = run_local(plan_for(["sh", "-c", script], "h1", instances=2), tmp_path)
+        assert result.exit_code == 3
+        assert left_behind(f"sleep {marker}") == []
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from poprun_py import render
+from poprun_py.backends.base import LaunchResult, RunOptions
+from poprun_py.backends.local import LocalBackend
+from poprun_py.hosts import parse_hosts
+from poprun_py.plan import LaunchPlan, make_plan
+from poprun_py.proctree import alive
+from poprun_py.shard import InputFile, InputSet
+from poprun_py.spec import JobSpec, cluster_from_hosts
+from poprun_py.testhosts import TestCluster, TestHost, host_pids
+from poprun_py.topology import Topology
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+PY = sys.executable
+Lines = list[tuple[int, str, str]]
+
+
+# ---------------------------------------------------------------- plans, jobs, local runs
+
+
+def plan_for(
+    program: list[str],
+    hosts: str = "h1",
+    instances: int = 1,
+    inputs: InputSet | None = None,
+    topology: Topology | None = None,
+    **job: object,
+) -> LaunchPlan:
+    """A plan on simulated hosts (no NUMA binding unless a topology is given)."""
+    cluster = cluster_from_hosts(parse_hosts(hosts), simulated=True, topology=topology)
+    spec = JobSpec(tuple(program), replicas=instances, instances=instances, **job)  # type: ignore[arg-type]
+    return make_plan(cluster, spec, inputs)
+
+
+def make_job(
+    plan: LaunchPlan, job_dir: Path, available: dict[str, Topology] | None = None
+) -> render.RenderedJob:
+    """The plan rendered for the local backend, as ``poprun-py launch`` renders it."""
+    return render.render_job(plan, "local", job_dir=str(job_dir), available=available)
+
+
+def run_local(
+    plan: LaunchPlan,
+    tmp_path: Path,
+    available: dict[str, Topology] | None = None,
+    **options: object,
+) -> tuple[LaunchResult, Lines]:
+    """Run ``plan`` with a capturing sink; return the result and every (index, stream, line)."""
+    lines: Lines = []
+    opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
+    job = make_job(plan, tmp_path / "job", available)
+    return LocalBackend().run(job, opts), lines
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def example_inputs(data_dir: Path) -> InputSet:
+    """The example training data (8 files of 64 rows, made in ``data_dir``) as an input set."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from make_data import ensure_data
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    paths = ensure_data(data_dir, files=8, rows=64)
+    return InputSet.of([InputFile(str(p), p.stat().st_size) for p in paths])
+
+
+# ---------------------------------------------------------------- mpirun on this machine
+
+
+def need_mpi() -> None:
+    """Skip (saying why, also on the terminal) when mpirun or mpi4py is missing."""
+    missing = [
+        what
+        for what, ok in (
+            ("mpirun (Debian: openmpi-bin)", shutil.which("mpirun") is not None),
+            ("mpi4py", importlib.util.find_spec("mpi4py") is not None),
+        )
+        if not ok
+    ]
+    if missing:
+        reason = f"MPI tests skipped: {', '.join(missing)} not installed"
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)
+
+
+# More ranks than cores: ranks waiting in a collective yield the CPU instead of spinning.
+YIELD = ("--mca", "mpi_yield_when_idle", "1")
+
+
+def mpirun_job(plan: LaunchPlan, tmp_path: Path) -> render.RenderedJob:
+    """``plan`` rendered for mpirun (as root, Open MPI needs --allow-run-as-root)."""
+    root = os.geteuid() == 0
+    return render.render_job(
+        plan, "mpirun", job_dir=str(tmp_path / "job"), as_root=root, mpi_args=YIELD
+    )
+
+
+# ---------------------------------------------------------------- a launcher of its own
+
+
+def start_driver(code: str, job: render.RenderedJob, tmp_path: Path) -> subprocess.Popen[str]:
+    """Python ``code`` in a process of its own, given the path of ``job`` pickled."""
+    (tmp_path / "job.pickle").write_bytes(pickle.dumps(job))
+    return subprocess.Popen(
+        [PY, "-c", code, str(tmp_path / "job.pickle")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def wait_ready(driver: subprocess.Popen[str], count: int, what: str) -> None:
+    """Read the driver's output until ``count`` lines (one per ``what``) end in ``] ready``."""
+    assert driver.stdout is not None
+    ready = 0
+    while ready < count:
+        line = driver.stdout.readline()
+        assert line, f"the driver ended before every {what} was ready"
+        ready += line.endswith("] ready\n")
+
+
+def poprun_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m poprun_py ARGS`` in the repository, stdin closed, output captured."""
+    return subprocess.run(
+        [PY, "-m", "poprun_py", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+        check=False,
+    )
+
+
+# ---------------------------------------------------------------- nothing left behind
+
+
+def unique_sleep() -> str:
+    """A sleep duration no other process uses: ``sleep <it>`` is its own pgrep marker."""
+    return f"{40 + uuid.uuid4().int % 10**6 / 10**6:.6f}"
+
+
+def left_behind(marker: str) -> list[str]:
+    """Processes whose command line contains ``marker`` (there must be none after a run)."""
+    pgrep = ["pgrep", "-af", re.escape(marker)]
+    out = subprocess.run(pgrep, capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()
+
+
+def zombies() -> list[int]:
+    """Zombie children of this test process."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if fields[0] == "Z" and int(fields[1]) == os.getpid():
+                found.append(int(name))
+    return found
+
+
+def marked_on(host: TestHost, mark: str) -> list[str]:
+    """``pgrep -af mark`` run inside the host's network namespace (pgrep itself left out)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "pgrep", "-af", mark],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line for line in out.splitlines() if line.strip() and "pgrep" not in line]
+
+
+def stray_pids(host: TestHost) -> list[int]:
+    """Live processes in the host's namespace other than its sshd."""
+    pids = host_pids(host.netns)
+    live = alive(set(pids))
+    return [p for p in pids if p != host.sshd_pid and p in live]
+
+
+def strays(cluster: TestCluster) -> dict[str, list[int]]:
+    """Per host: live processes in its namespace other than its sshd (hosts with none left out)."""
+    found = {host.name: stray_pids(host) for host in cluster.hosts}
+    return {name: pids for name, pids in found.items() if pids}
