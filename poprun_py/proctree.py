@@ -276,6 +276,11 @@ def descendants(roots: set[int], token: str, since: int) -> dict[int, ProcStat]:
     return {pid: table[pid] for pid in found}
 
 
+def with_descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every process descending from one of them, zombies included."""
+    return _close_under_children(roots, proc_table())
+
+
 def _close_under_children(marked: set[int], table: Mapping[int, ProcStat]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, stat in table.items():

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError, ProvisionError, UsageError
 from poprun_py.hosts import expand_names
+from poprun_py.procutil import failure_line, run_captured
 
 if TYPE_CHECKING:
     from poprun_py.plan import LaunchPlan
@@ -160,22 +161,13 @@ def client(argv: Sequence[str], environ: Mapping[str, str], timeout: float | Non
     """Run a Slurm client; return its stdout and stderr, or raise BackendError with its last
     line (ProvisionError when the client is not installed)."""
     try:
-        proc = subprocess.run(
-            list(argv),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            env=dict(environ),
-        )
+        proc = run_captured(argv, timeout=timeout, env=environ)
     except FileNotFoundError as exc:
         raise BackendError(f"{argv[0]} not found on PATH; install slurm-client") from exc
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BackendError(f"{shlex.join(argv)}: {exc}") from exc
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
-        raise BackendError(f"{argv[0]} failed: {lines[-1]}")
+        raise BackendError(f"{argv[0]} failed: {failure_line(proc)}")
     return proc.stdout + proc.stderr
 
 

@@ -36,11 +36,9 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -49,6 +47,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from poprun_py.errors import ProvisionError
+from poprun_py.proctree import alive
+from poprun_py.procutil import command_output, last_line
 
 __all__ = [
     "DEFAULT_STATE_ROOT",
@@ -180,21 +180,7 @@ def _validate(name: str, num_hosts: int, host_prefix: str) -> None:
 
 def _run(argv: Sequence[str], timeout: float = 30.0) -> str:
     """Run ``argv``; return stdout, or raise ProvisionError with the last stderr line."""
-    try:
-        proc = subprocess.run(
-            list(argv),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProvisionError(f"{shlex.join(argv)}: {exc}") from exc
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
-        raise ProvisionError(f"{shlex.join(argv)} failed: {lines[-1]}")
-    return proc.stdout
+    return command_output(argv, ProvisionError, timeout=timeout)
 
 
 def _try(argv: Sequence[str]) -> bool:
@@ -506,7 +492,7 @@ def _start_sshd(netns: str, host: str, config: Path, host_dir: Path) -> int:
     try:
         _run([*argv, host, SSHD, str(config), str(log)])
     except ProvisionError as exc:
-        raise ProvisionError(f"sshd of test host {host} did not start: {_last_line(log)}") from exc
+        raise ProvisionError(f"sshd of test host {host} did not start: {last_line(log)}") from exc
     return _read_pid(host_dir / "sshd.pid", log, time.monotonic() + READY_TIMEOUT)
 
 
@@ -515,7 +501,7 @@ def _read_pid(pid_file: Path, log: Path, deadline: float) -> int:
         with contextlib.suppress(FileNotFoundError, ValueError):
             return int(pid_file.read_text().strip())
         if time.monotonic() > deadline:
-            raise ProvisionError(f"sshd wrote no pid file {pid_file}: {_last_line(log)}")
+            raise ProvisionError(f"sshd wrote no pid file {pid_file}: {last_line(log)}")
         time.sleep(0.01)
 
 
@@ -526,17 +512,9 @@ def _wait_accepting(address: str, log: Path, deadline: float) -> None:
                 return
         except OSError as exc:
             if time.monotonic() > deadline:
-                detail = f"{exc}; sshd log: {_last_line(log)}"
+                detail = f"{exc}; sshd log: {last_line(log)}"
                 raise ProvisionError(f"sshd on {address} not accepting: {detail}") from exc
             time.sleep(0.02)
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return lines[-1] if lines else "(empty log)"
 
 
 def _write_known_hosts(cluster: TestCluster) -> None:
@@ -656,21 +634,12 @@ def _kill_namespaces(namespaces: Sequence[str]) -> None:
 
 def _live_pids(namespaces: Sequence[str]) -> set[int]:
     pids = {pid for ns in namespaces for pid in host_pids(ns)} - {os.getpid()}
-    return {pid for pid in pids if _alive(pid)}
-
-
-def _alive(pid: int) -> bool:
-    """True unless ``pid`` is gone or a zombie (our PID 1 may never reap daemons)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    return alive(pids)  # zombies count as dead: our PID 1 may never reap daemons
 
 
 def _wait_dead(pids: set[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

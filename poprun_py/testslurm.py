@@ -64,6 +64,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import ProvisionError
+from poprun_py.proctree import alive, with_descendants
+from poprun_py.procutil import command_output, last_line
 from poprun_py.testhosts import TestCluster, TestHost, host_pids
 
 __all__ = [
@@ -345,22 +347,9 @@ def _write_record(
 
 
 def _output(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    try:
-        proc = subprocess.run(
-            list(argv),
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=15,
-            stdin=subprocess.DEVNULL,
-            env=None if env is None else {**os.environ, **env},
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProvisionError(f"{' '.join(argv)}: {exc}") from exc
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit {proc.returncode}"]
-        raise ProvisionError(f"{' '.join(argv)} failed: {lines[-1]}")
-    return proc.stdout
+    """Run a tool (``env`` over ours); its stdout, or ProvisionError with its last line."""
+    full_env = None if env is None else {**os.environ, **env}
+    return command_output(argv, ProvisionError, timeout=15, env=full_env)
 
 
 def _spawn(argv: Sequence[str], state_dir: Path, label: str) -> int:
@@ -430,10 +419,10 @@ def _start_slurmd(host: TestHost, conf: Path, state_dir: Path) -> int:
 
 
 def _check_alive(pid: int, what: str, log: Path, deadline: float) -> None:
-    if not _alive(pid):
-        raise ProvisionError(f"{what} exited at start: {_last_line(log)}")
+    if not alive({pid}):
+        raise ProvisionError(f"{what} exited at start: {last_line(log)}")
     if time.monotonic() > deadline:
-        raise ProvisionError(f"{what} not ready in time: {_last_line(log)}")
+        raise ProvisionError(f"{what} not ready in time: {last_line(log)}")
 
 
 def _wait_port(address: str, port: int, log: Path, deadline: float) -> None:
@@ -443,7 +432,7 @@ def _wait_port(address: str, port: int, log: Path, deadline: float) -> None:
                 return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise ProvisionError(f"slurmctld not listening: {_last_line(log)}") from exc
+                raise ProvisionError(f"slurmctld not listening: {last_line(log)}") from exc
             time.sleep(0.02)
 
 
@@ -487,7 +476,7 @@ def stop_slurm(name: str, *, state_root: Path = DEFAULT_STATE_ROOT) -> None:
     pids = _daemon_pids(state_dir) | _step_pids(state_dir)
     _kill(pids)
     shutil.rmtree(state_dir, ignore_errors=True)
-    left = _alive_set(_daemon_pids(state_dir) | pids)
+    left = alive(_daemon_pids(state_dir) | pids)
     if left:
         raise ProvisionError(f"test Slurm {name!r}: processes survive SIGKILL: {sorted(left)}")
 
@@ -524,7 +513,7 @@ def _step_pids(state_dir: Path) -> set[int]:
     for node in record.get("nodes", []):
         with contextlib.suppress(ProvisionError):
             found.update(p for p in host_pids(node["netns"]) if _is_step(p))
-    return found | _descendants(found)
+    return with_descendants(found)
 
 
 def _is_step(pid: int) -> bool:
@@ -533,35 +522,18 @@ def _is_step(pid: int) -> bool:
     return False
 
 
-def _descendants(roots: set[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), list(roots)
-    while todo:
-        for kid in children.get(todo.pop(), ()):
-            if kid not in found:
-                found.add(kid)
-                todo.append(kid)
-    return found
-
-
 def _kill(pids: set[int]) -> None:
     """SIGTERM, wait up to KILL_GRACE, SIGKILL; reap those that are our children."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _alive_set(pids):
+        for pid in alive(pids):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + KILL_GRACE
-        while _alive_set(pids) and time.monotonic() < deadline:
+        while alive(pids) and time.monotonic() < deadline:
             _reap(pids)
             time.sleep(0.01)
         _reap(pids)
-        if not _alive_set(pids):
+        if not alive(pids):
             return
 
 
@@ -569,27 +541,6 @@ def _reap(pids: set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    """True unless ``pid`` is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
-def _alive_set(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if _alive(pid)}
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return lines[-1] if lines else "(empty log)"
 
 
 # ---------------------------------------------------------------- reading back

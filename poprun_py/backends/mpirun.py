@@ -23,20 +23,17 @@ Example:
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
-from poprun_py.errors import BackendError
+from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
 from poprun_py.supervise import (
     LAUNCHER_INDEX,
     Child,
     Feed,
     Output,
     Supervised,
-    supervise,
-    write_job_files,
 )
 
 if TYPE_CHECKING:
@@ -158,22 +155,14 @@ class MpirunBackend:
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run mpirun under supervision, report every rank."""
-        if not job.launcher:
-            raise BackendError("the mpirun backend needs a rendered launcher command")
-        if shutil.which(job.launcher[0], path=job.launcher_env.get("PATH")) is None:
-            raise BackendError(MPIRUN_MISSING)
-        write_job_files(job)
-        hosts = {cmd.index: cmd.host for cmd in job.instances}
+        hosts = prepare_launcher(job, job.launcher_env, "mpirun", MPIRUN_MISSING)
         output = Output(options, hosts, launcher="mpirun")
         report = FailureReport()
 
         def demux(child: Child, stream: str) -> Feed:
             return TagDemux(output, stream, report)
 
-        child = Child(
-            LAUNCHER_INDEX, "localhost", job.launcher, job.launcher_env, None, signal_group=False
-        )
-        run = supervise([child], output, grace_period=options.grace_period, feeds=demux)
+        run = supervise_launcher(job, job.launcher_env, output, options.grace_period, demux)
         return rank_results(run, hosts, report)
 
 
@@ -215,6 +204,6 @@ def _rank_outcome(rank: int, code: int, run: Supervised, report: FailureReport) 
         return _Outcome("stopped", None, None, f"stopped by mpirun after rank {report.rank} failed")
     if code == 0:
         return _Outcome("exited", 0, None)
-    how = f"signal {-code}" if code < 0 else f"code {code}"
+    how, exit_code, sig = how_ended(code)
     detail = run.exits[0].detail or f"mpirun ended with {how} without naming a rank"
-    return _Outcome("exited", code if code > 0 else None, -code if code < 0 else None, detail)
+    return _Outcome("exited", exit_code, sig, detail)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
+from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
 from poprun_py.errors import BackendError
 from poprun_py.slurm import cancel_steps, step_names
 from poprun_py.supervise import (
@@ -45,8 +45,6 @@ from poprun_py.supervise import (
     Feed,
     Output,
     Supervised,
-    supervise,
-    write_job_files,
 )
 
 if TYPE_CHECKING:
@@ -166,22 +164,16 @@ class SlurmBackend:
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run srun under supervision, report every task."""
-        if not job.launcher:
-            raise BackendError("the slurm backend needs a rendered launcher command")
         env = {**job.launcher_env, **self.environ}
-        if shutil.which(job.launcher[0], path=env.get("PATH")) is None:
-            raise BackendError(SRUN_MISSING)
-        write_job_files(job)
-        hosts = {cmd.index: cmd.host for cmd in job.instances}
+        hosts = prepare_launcher(job, env, "slurm", SRUN_MISSING)
         output = Output(options, hosts, launcher="srun")
         report = TaskReport()
 
         def demux(child: Child, stream: str) -> Feed:
             return LabelDemux(output, stream, report, len(hosts))
 
-        child = Child(LAUNCHER_INDEX, "localhost", job.launcher, env, None, signal_group=False)
         try:
-            run = supervise([child], output, grace_period=options.grace_period, feeds=demux)
+            run = supervise_launcher(job, env, output, options.grace_period, demux)
         finally:
             leave_nothing(job, env)
         return task_results(run, hosts, report)
@@ -243,8 +235,8 @@ def _outcome(end: TaskEnd | None, code: int, stopping: bool, report: TaskReport)
         return "stopped", None, None, "stopped with srun"
     if code == 0 or any(e.failed for e in report.ends.values()):
         return "exited", 0, None, ""  # srun reports only tasks that failed
-    how = f"signal {-code}" if code < 0 else f"code {code}"
+    how, exit_code, sig = how_ended(code)
     detail = f"srun ended with {how}" + (f": {report.error}" if report.error else "")
     if "cpu bind" in report.error.lower():
         detail += f" ({BIND_HINT})"
-    return "exited", code if code > 0 else None, -code if code < 0 else None, detail
+    return "exited", exit_code, sig, detail

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -94,23 +95,21 @@ def exec_cmd(
 ) -> None:
     """Run a command on every host in parallel; exit with the worst host's code."""
     from poprun_py.hostexec import gathered, problems, run_everywhere, worst_exit_code
-    from poprun_py.transport import ConnectionPool
 
     if not command:
         raise UsageError("exec needs a command: poprun-py exec --hosts H -- CMD [ARGS]...")
     if timeout is not None and timeout <= 0:
         raise UsageError("--timeout must be more than 0")
-    spec = target_cluster(hosts, cluster)
-    settings = ssh_settings(
-        spec,
+    with _connected(
+        hosts,
+        cluster,
         connect_timeout=connect_timeout,
         accept_new=accept_new_host_keys,
         known_hosts=known_hosts,
         ssh_config=ssh_config,
         identity=identity,
         user=user,
-    )
-    with ConnectionPool(spec.hosts, settings) as pool:
+    ) as pool:
         on_line = None if gather else _tagged_printer()
         outcomes = run_everywhere(pool, command, timeout=timeout, on_line=on_line)
     if gather:
@@ -155,23 +154,21 @@ def sync_cmd(
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""
     from poprun_py.sync import METHODS
-    from poprun_py.transport import ConnectionPool
 
     if method not in METHODS:
         raise UsageError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
     if dest is not None and not dest.startswith("/"):
         raise UsageError(f"--dest must be an absolute path, not {dest!r}")
-    spec = target_cluster(hosts, cluster)
-    settings = ssh_settings(
-        spec,
+    with _connected(
+        hosts,
+        cluster,
         connect_timeout=connect_timeout,
         accept_new=accept_new_host_keys,
         known_hosts=known_hosts,
         ssh_config=ssh_config,
         identity=identity,
         user=user,
-    )
-    with ConnectionPool(spec.hosts, settings) as pool:
+    ) as pool:
         try:
             report = _sync_with_progress(pool, paths or ["."], dest, method)
         except PreflightError as err:
@@ -216,6 +213,35 @@ def print_faults(err: PreflightError) -> None:
     from poprun_py.preflight import format_faults
 
     console(stderr=True).print(format_faults(err.faults))
+
+
+@contextlib.contextmanager
+def _connected(
+    hosts: str | None,
+    cluster: str | None,
+    *,
+    connect_timeout: float | None,
+    accept_new: bool,
+    known_hosts: str | None,
+    ssh_config: str | None,
+    identity: str | None,
+    user: str | None,
+) -> Iterator[ConnectionPool]:
+    """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
+    from poprun_py.transport import ConnectionPool
+
+    spec = target_cluster(hosts, cluster)
+    settings = ssh_settings(
+        spec,
+        connect_timeout=connect_timeout,
+        accept_new=accept_new,
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
+        identity=identity,
+        user=user,
+    )
+    with ConnectionPool(spec.hosts, settings) as pool:
+        yield pool
 
 
 def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
