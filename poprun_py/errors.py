@@ -97,7 +97,10 @@ class PreflightError(PoprunError):
         self.faults = tuple(faults)
         first = self.faults[0] if self.faults else Fault("?", "?", "unknown")
         more = f" (and {len(self.faults) - 1} more)" if len(self.faults) > 1 else ""
-        super().__init__(f"preflight failed on {first.host}: {first.check}: {first.detail}{more}")
+        super().__init__(
+            f"preflight failed on {first.host}: {first.check}: {first.detail}{more}; "
+            "nothing was started"
+        )
 
 
 class BackendError(PoprunError):

@@ -117,6 +117,17 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[HostEntry]:
     return entries
 
 
+def read_hostfile(path: str) -> str:
+    """The text of a hostfile; HostExprError (one line) when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise HostExprError(f"hostfile {path!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostExprError(f"cannot read hostfile {path!r}: {exc}") from None
+
+
 def parse_hosts(expr: str, read: Callable[[str], str] | None = None) -> list[HostEntry]:
     """Parse ``--hosts``: a list with ranges, or ``@file`` (a hostfile, read through ``read``)."""
     expr = expr.strip()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from poprun_py.backends import check_backend
 from poprun_py.env import check_user_env
-from poprun_py.errors import HostExprError, UsageError
-from poprun_py.hosts import HostEntry, parse_hosts, slurm_hosts
+from poprun_py.errors import UsageError
+from poprun_py.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.plan import LaunchPlan, make_plan
 from poprun_py.shard import InputSet
 from poprun_py.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
@@ -105,7 +105,8 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         default_topology=local_topo,
         default_topology_source="this machine" if backend == "local" else "assumed",
     )
-    mpi_args = tuple(shlex.split(opts.mpi_args)) if opts.mpi_args else d.mpi_args
+    mpi_args = _split_mpi_args(opts.mpi_args) if opts.mpi_args else d.mpi_args
+    _check_positive(opts)
     return Prepared(
         plan=plan,
         backend=backend,
@@ -116,6 +117,20 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         local_topology=local_topo,
         options=opts,
     )
+
+
+def _split_mpi_args(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise UsageError(f"bad --mpi-args {text!r}: {exc}") from None
+
+
+def _check_positive(opts: LaunchOptions) -> None:
+    if opts.grace_period is not None and opts.grace_period < 0:
+        raise UsageError(f"--grace-period must be 0 or more, got {opts.grace_period}")
+    if opts.connect_timeout is not None and opts.connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout must be more than 0, got {opts.connect_timeout}")
 
 
 def _first(*values: float | None) -> float:
@@ -130,19 +145,10 @@ def _load_base(path: str | None) -> ClusterSpec | None:
     return load_cluster(path)
 
 
-def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HostExprError(f"hostfile {path!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HostExprError(f"cannot read hostfile {path!r}: {exc}") from None
-
-
 def _cluster(opts: LaunchOptions, base: ClusterSpec | None, env: Mapping[str, str]) -> ClusterSpec:
     entries: list[HostEntry] | None = None
     if opts.hosts is not None:
-        entries = parse_hosts(opts.hosts, read=_read_text)
+        entries = parse_hosts(opts.hosts, read=read_hostfile)
     elif base is None or not base.hosts:
         entries = slurm_hosts(env) or [HostEntry("localhost")]
     if base is None:

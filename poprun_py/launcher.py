@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from typing import Any
 
 from poprun_py.backends import BackendContext, get_backend
 from poprun_py.backends.base import LaunchResult, OutputSink, RunOptions
+from poprun_py.errors import UsageError
 from poprun_py.jobconfig import Prepared
 from poprun_py.plan import LaunchPlan, replan_with_topologies
 from poprun_py.render import RenderedJob
@@ -84,6 +86,8 @@ def mpi_args_for(prep: Prepared) -> tuple[str, ...]:
     config = prep.plan.cluster.ssh_config
     if not config or prep.backend != "mpirun" or "plm_rsh_args" in " ".join(prep.mpi_args):
         return prep.mpi_args
+    if any(c.isspace() for c in config):
+        raise UsageError(f"ssh_config path {config!r} has whitespace: Open MPI splits plm_rsh_args")
     return (*prep.mpi_args, "--mca", "plm_rsh_args", f"-F {config}")
 
 
@@ -178,14 +182,12 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
 
 
 def sync_root(plan: LaunchPlan) -> str:
-    """What ``--sync`` pushes: the program's directory, else the working directory."""
-    program = plan.program[0] if plan.program else ""
-    for candidate in reversed(plan.program):
-        if os.path.exists(candidate):
-            program = candidate
-            break
-    if program and os.path.exists(program):
-        return str(Path(program).resolve().parent)
+    """What ``--sync`` pushes: the directory of the program's script (the first argument that is
+    an existing file, e.g. ``train.py`` of ``python train.py --out /tmp``), else the working
+    directory. Never a directory named only as an argument, nor its parent."""
+    for candidate in plan.program:
+        if os.path.isfile(candidate) and candidate != shutil.which(candidate):
+            return str(Path(candidate).resolve().parent)
     return plan.workdir or os.getcwd()
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, OutputSink, RunOptions
+from poprun_py.errors import UsageError
 from poprun_py.proctree import (
     Launched,
     ProcStat,
@@ -234,14 +235,19 @@ class LineFeed:
 
 
 def write_job_files(job: RenderedJob) -> None:
-    """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700)."""
+    """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700).
+
+    UsageError (exit 2, nothing started) when the job directory cannot be written."""
     root = job.job_dir
     made: set[str] = set()
-    for inst in job.instances:
-        if inst.shard_file:
-            _write_private(os.path.join(root, inst.shard_file), inst.shard_text, made)
-    for name, text in job.files.items():
-        _write_private(os.path.join(root, name), text, made)
+    try:
+        for inst in job.instances:
+            if inst.shard_file:
+                _write_private(os.path.join(root, inst.shard_file), inst.shard_text, made)
+        for name, text in job.files.items():
+            _write_private(os.path.join(root, name), text, made)
+    except OSError as exc:
+        raise UsageError(f"cannot write the job files to {root}: {exc.strerror or exc}") from None
 
 
 def _write_private(path: str, text: str, made: set[str]) -> None:

@@ -137,16 +137,6 @@ def parse_lscpu(text: str) -> Topology:
     return Topology(tuple(NumaNode(n, tuple(sorted(c))) for n, c in sorted(by_node.items())))
 
 
-def with_devices(topology: Topology, devices_per_node: Mapping[int, Iterable[int]]) -> Topology:
-    """Return ``topology`` with devices attached to the given NUMA nodes."""
-    return Topology(
-        tuple(
-            NumaNode(n.id, n.cpus, tuple(devices_per_node.get(n.id, n.devices)))
-            for n in topology.numa_nodes
-        )
-    )
-
-
 def uniform(num_nodes: int, cpus_per_node: int, devices_per_node: int = 0) -> Topology:
     """A regular topology: ``num_nodes`` nodes with consecutive CPUs and devices."""
     return Topology(

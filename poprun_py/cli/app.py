@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import typer
@@ -42,8 +41,3 @@ def console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
-
-
-def warn(message: str) -> None:
-    """One warning line on stderr."""
-    sys.stderr.write(f"poprun-py: warning: {message}\n")

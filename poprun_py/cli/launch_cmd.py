@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -98,7 +99,7 @@ def _command(mode: str) -> Callable[..., None]:
             _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
             return
         if print_topology:
-            show_plan(prep.plan, "table", stream_stderr=False)
+            show_plan(prep.plan, "table")
         _launch(
             prep, output_dir, only_output_from_instance, accept_new_host_keys, known_hosts, sync
         )
@@ -116,7 +117,7 @@ for _mode in ("plan", "render", "launch"):
     app.command(_mode, context_settings=PROGRAM_CONTEXT)(_command(_mode))
 
 
-def show_plan(plan: LaunchPlan, fmt: str, stream_stderr: bool = False) -> None:
+def show_plan(plan: LaunchPlan, fmt: str) -> None:
     """Print the plan: PopRun's topology table, a summary and the per-instance table, or JSON."""
     from poprun_py import display
 
@@ -124,7 +125,7 @@ def show_plan(plan: LaunchPlan, fmt: str, stream_stderr: bool = False) -> None:
         json.dump(display.plan_dict(plan), sys.stdout, separators=(",", ":"))
         sys.stdout.write("\n")
         return
-    stream = sys.stderr if stream_stderr else sys.stdout
+    stream = sys.stdout
     lines = [
         "poprun-py topology",
         *display.topology_lines(plan),
@@ -140,7 +141,7 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
     from poprun_py.render import format_job, job_dict
 
     if prep.backend == "slurm" and not with_plan and fmt == "table" and not _in_allocation():
-        sys.stdout.write(_batch_script(prep))
+        sys.stdout.write(_batch_script(prep, output_dir))
         return
     job_dir = launcher.job_dir_for(prep.plan, output_dir)
     local = not launcher.is_remote(prep) and prep.backend != "slurm"
@@ -164,22 +165,23 @@ def _in_allocation() -> bool:
     return current_allocation(os.environ) is not None
 
 
-def _batch_script(prep: Prepared) -> str:
+def _batch_script(prep: Prepared, output_dir: str | None) -> str:
     """An sbatch script that runs this same launch inside the allocation it asks for."""
     from poprun_py import launcher
     from poprun_py.slurm import batch_script
 
     return batch_script(
         launcher.slurm_request(prep),
-        launch_argv(prep.options),
+        launch_argv(prep.options, output_dir),
         plan=prep.plan,
         templates_dir=prep.templates,
     )
 
 
-def launch_argv(opts: LaunchOptions) -> list[str]:
-    """``poprun-py launch --backend slurm ...`` with these options; hosts come from the
-    allocation inside the batch job, so ``--hosts`` is left out."""
+def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]:
+    """``python -m poprun_py launch --backend slurm ...`` with these options, run by this same
+    interpreter (same paths on every node); hosts come from the allocation inside the batch
+    job, so ``--hosts`` is left out."""
     pairs: list[tuple[str, object]] = [
         ("--cluster", opts.cluster),
         ("--replicas", opts.replicas),
@@ -192,8 +194,10 @@ def launch_argv(opts: LaunchOptions) -> list[str]:
         ("--mpi-args", opts.mpi_args),
         ("--templates", opts.templates),
         ("--grace-period", opts.grace_period),
+        ("--connect-timeout", opts.connect_timeout),
+        ("--output-dir", os.path.abspath(output_dir) if output_dir else None),
     ]
-    argv = ["poprun-py", "launch", "--backend", "slurm"]
+    argv = [sys.executable, "-m", "poprun_py", "launch", "--backend", "slurm"]
     for flag, value in pairs:
         if value is not None:
             argv += [flag, str(value)]

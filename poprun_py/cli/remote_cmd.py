@@ -26,7 +26,7 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
-from poprun_py.errors import EXIT_PREFLIGHT, HostExprError, PreflightError, UsageError
+from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
     from poprun_py.hostexec import LineFn
@@ -59,9 +59,7 @@ SshConfig = Annotated[
 ]
 Identity = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(
-        "--identity", "-i", rich_help_panel=H_SSH, help="Private key for hosts that name none."
-    ),
+    typer.Option("--identity", rich_help_panel=H_SSH, help="Private key for hosts that name none."),
 ]
 User = Annotated[
     Optional[str],  # noqa: UP045
@@ -169,11 +167,7 @@ def sync_cmd(
         identity=identity,
         user=user,
     ) as pool:
-        try:
-            report = _sync_with_progress(pool, paths or ["."], dest, method)
-        except PreflightError as err:
-            print_faults(err)
-            raise typer.Exit(EXIT_PREFLIGHT) from None
+        report = _sync_with_progress(pool, paths or ["."], dest, method)
     _print_sync_summary(report)
 
 
@@ -208,13 +202,6 @@ def _print_sync_summary(report: SyncReport) -> None:
     )
 
 
-def print_faults(err: PreflightError) -> None:
-    """The faults of a failed preflight as one table on stderr."""
-    from poprun_py.preflight import format_faults
-
-    console(stderr=True).print(format_faults(err.faults))
-
-
 @contextlib.contextmanager
 def _connected(
     hosts: str | None,
@@ -246,7 +233,7 @@ def _connected(
 
 def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
     """The hosts named by ``--hosts`` (with what ``--cluster`` says of them) or ``--cluster``."""
-    from poprun_py.hosts import parse_hosts
+    from poprun_py.hosts import parse_hosts, read_hostfile
     from poprun_py.spec import cluster_from_hosts
 
     base = None
@@ -255,7 +242,7 @@ def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
 
         base = load_cluster(cluster)
     if hosts:
-        spec = cluster_from_hosts(parse_hosts(hosts, read=_read_hostfile), base=base)
+        spec = cluster_from_hosts(parse_hosts(hosts, read=read_hostfile), base=base)
     elif base is not None:
         spec = base
     else:
@@ -263,13 +250,6 @@ def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
     if spec.simulated:
         raise UsageError(f"cluster {spec.name!r} is simulated: it has no hosts to reach")
     return spec
-
-
-def _read_hostfile(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise HostExprError(f"cannot read hostfile {path}: {exc.strerror}") from None
 
 
 def ssh_settings(
@@ -283,11 +263,16 @@ def ssh_settings(
     user: str | None,
 ) -> SshSettings:
     """Flags first, then the cluster spec, then the defaults."""
+    from poprun_py.jobconfig import DEFAULT_CONNECT_TIMEOUT
     from poprun_py.transport import SshSettings
 
     known = known_hosts or spec.known_hosts
     config = ssh_config or spec.ssh_config
-    timeout = connect_timeout or spec.defaults.connect_timeout or 10.0
+    timeout = next(
+        t
+        for t in (connect_timeout, spec.defaults.connect_timeout, DEFAULT_CONNECT_TIMEOUT)
+        if t is not None
+    )
     if timeout <= 0:
         raise UsageError("--connect-timeout must be more than 0")
     return SshSettings(

@@ -112,6 +112,22 @@ CASES: list[tuple[str, list[str], str]] = [
     ("bad-format", ["-H", "localhost", "-f", "yaml"], "--format must be table or json"),
     ("replicas-not-integer", ["-H", "localhost", "-r", "abc"], "Invalid value for '--replicas'"),
     ("unknown-option", ["-H", "localhost", "--bogus"], "No such option: --bogus"),
+    ("unbalanced-mpi-args", ["-H", "localhost", "--mpi-args", '"'], "bad --mpi-args"),
+    (
+        "negative-grace-period",
+        ["-H", "localhost", "--grace-period", "-1"],
+        "--grace-period must be 0 or more",
+    ),
+    (
+        "zero-connect-timeout",
+        ["-H", "localhost", "--connect-timeout", "0"],
+        "--connect-timeout must be more than 0",
+    ),
+    (
+        "unwritable-output-dir",
+        ["-H", "localhost", "-o", "/proc/no/such/dir"],
+        "cannot write the job files to",
+    ),
     (
         "master-port-range",
         ["-H", "localhost", "--master-port", "70000"],

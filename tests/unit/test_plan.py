@@ -147,3 +147,17 @@ def test_replan_with_discovered_topology_keeps_shards() -> None:
 
 def test_plan_is_deterministic() -> None:
     assert make_plan(cluster("h[1-4]"), job(32, 8)) == make_plan(cluster("h[1-4]"), job(32, 8))
+
+
+def test_sync_root_is_the_scripts_directory_never_an_argument_directory(tmp_path) -> None:
+    from poprun_py.launcher import sync_root
+
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    plan = make_plan(cluster("h1"), JobSpec(("python", str(script), "--out", "/tmp"), 1, 1))
+    assert sync_root(plan) == str(script.parent)
+    plan = make_plan(
+        cluster("h1"), JobSpec(("python", "-m", "x", "--data", "/"), 1, 1, workdir="/w")
+    )
+    assert sync_root(plan) == "/w"
