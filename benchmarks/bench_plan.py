@@ -33,24 +33,32 @@ def write_manifest(path: str, n: int) -> None:
 
 
 def run_cli(manifest: str) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one `poprun-py plan` run in a fresh process."""
-    code = (
-        "import resource, sys, time; t = time.perf_counter();"
-        "from poprun_py.cli import run;"
-        f"rc = run(['plan', '-H', {HOSTS!r}, '-b', 'ssh', '-n', '{INSTANCES}', '-r', '{REPLICAS}',"
-        f" '-i', '@{manifest}']);"
-        "dt = time.perf_counter() - t;"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024;"
-        "sys.stderr.write(f'BENCH {dt} {peak}\\n');"
-        "sys.exit(rc)"
-    )
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
+    """Wall seconds and peak RSS (MB) of one ``python -m poprun_py plan`` process."""
+    argv = [
+        "/usr/bin/time",
+        "-f",
+        "BENCH %e %M",
+        sys.executable,
+        "-m",
+        "poprun_py",
+        "plan",
+        "-H",
+        HOSTS,
+        "-b",
+        "ssh",
+        "-n",
+        str(INSTANCES),
+        "-r",
+        str(REPLICAS),
+        "-i",
+        f"@{manifest}",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("BENCH"))
-    return wall, float(line.split()[2])
+    _, wall, kib = line.split()
+    return float(wall), float(kib) / 1024
 
 
 def in_process(manifest: str) -> float:

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -128,4 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point."""
     code = run(argv)
     sys.stdout.flush()
-    sys.exit(code)
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: every command has finished its work (pools closed,
+    # children reaped, files written), and freeing large plans object by object is slow.
+    os._exit(code)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -26,6 +27,11 @@ from poprun_py.jobconfig import LaunchOptions, Prepared, prepare
 if TYPE_CHECKING:
     from poprun_py.backends.base import LaunchResult
     from poprun_py.plan import LaunchPlan
+
+
+_RETAINED: list[object] = []
+"""Plans kept until the process ends: main() exits with os._exit, so a plan of a million input
+files is released with the process instead of one object at a time."""
 
 
 def _command(mode: str) -> Callable[..., None]:
@@ -92,6 +98,8 @@ def _command(mode: str) -> Callable[..., None]:
         if only_output_from_instance is not None and only_output_from_instance < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
         prep = prepare(opts)
+        _RETAINED.append(prep)  # freed with the process, not object by object
+        gc.freeze()  # the plan lives as long as the process: keep the collector off it
         if mode == "plan":
             show_plan(prep.plan, fmt)
             return
