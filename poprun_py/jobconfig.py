@@ -90,6 +90,7 @@ def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Pr
 
 
 def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
+    _check_positive(opts)
     base = _load_base(opts.cluster)
     cluster = _cluster(opts, base, env)
     d = cluster.defaults
@@ -106,7 +107,6 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         default_topology_source="this machine" if backend == "local" else "assumed",
     )
     mpi_args = _split_mpi_args(opts.mpi_args) if opts.mpi_args else d.mpi_args
-    _check_positive(opts)
     return Prepared(
         plan=plan,
         backend=backend,

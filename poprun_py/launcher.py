@@ -33,7 +33,8 @@ from poprun_py.render import RenderedJob
 from poprun_py.topology import Topology
 
 JOBS_ROOT = "/tmp/poprun-py/jobs"
-LOCAL_BACKENDS = ("local",)
+NON_SSH_BACKENDS = ("local", "slurm")
+"""Backends that never open SSH connections themselves (slurm reaches nodes through srun)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def job_dir_for(plan: LaunchPlan, output_dir: str | None) -> str:
 
 def is_remote(prep: Prepared) -> bool:
     """True when the backend reaches hosts over SSH (not local, not all-local mpirun)."""
-    if prep.backend in LOCAL_BACKENDS or prep.backend == "slurm":
+    if prep.backend in NON_SSH_BACKENDS:
         return False
     return not prep.plan.cluster.all_local
 
@@ -169,16 +170,20 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
     with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
         # ssh: one agent session per host serves preflight and the job (one login, not two)
         runner: Any = AgentPool(pool) if prep.backend == "ssh" else pool
-        report = preflight(runner, prep.plan)  # connects every host; all faults in one error
-        prep = with_topologies(prep, report.topologies)
-        if settings.sync:
-            from poprun_py.sync import sync
+        try:
+            report = preflight(runner, prep.plan)  # connects every host; all faults at once
+            prep = with_topologies(prep, report.topologies)
+            if settings.sync:
+                from poprun_py.sync import sync
 
-            sync(pool, [sync_root(prep.plan)])
-        job = render(prep, job_dir_for(prep.plan, settings.output_dir), report.topologies)
-        if prep.backend != "ssh":
-            stage_job(pool.open_all(), job)  # shard files and job files on every host
-        return _run(prep, job, settings, BackendContext(pool=runner))
+                sync(pool, [sync_root(prep.plan)])
+            job = render(prep, job_dir_for(prep.plan, settings.output_dir), report.topologies)
+            if prep.backend != "ssh":
+                stage_job(pool.open_all(), job)  # shard files and job files on every host
+            return _run(prep, job, settings, BackendContext(pool=runner))
+        finally:
+            if runner is not pool:
+                runner.close()  # waits until every host's agent has exited
 
 
 def sync_root(plan: LaunchPlan) -> str:

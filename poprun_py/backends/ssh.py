@@ -153,10 +153,17 @@ class AgentPool:
         """``fn`` on every host's agent in parallel (see ConnectionPool.map); every outcome."""
         return self.pool.map(lambda conn: fn(self.agent(conn)), hosts, connect=connect)
 
-    def close(self) -> None:
-        """Close every agent's channel (an agent that has no job yet exits at once)."""
+    def close(self, wait: float = 3.0) -> None:
+        """End every agent: EOF on its stdin (it stops whatever is left and exits), wait up to
+        ``wait`` seconds for all of them to have exited, then close the channels -- so nothing
+        of poprun-py's is still running on any host when this returns."""
         with self._lock:
             agents, self._agents = list(self._agents.values()), {}
+        for agent in agents:
+            agent.send_eof()
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not all(a.exited() for a in agents):
+            time.sleep(0.01)
         for agent in agents:
             agent.close()
 
@@ -267,6 +274,19 @@ class AgentConnection:
         if said:
             return f"the agent on host {self.name} ended: {said[-1]}"
         return f"the connection to host {self.name} closed"
+
+    def send_eof(self) -> None:
+        """Close our side of the agent's stdin: it stops whatever is left and exits."""
+        with contextlib.suppress(Exception):
+            self.channel.shutdown_write()
+
+    def exited(self) -> bool:
+        """True once the agent process has exited (or its channel is gone): its stdout reached
+        EOF. (The exit status may come earlier: the agent runs in a session of its own.)"""
+        try:
+            return bool(self.channel.closed or self.channel.eof_received)
+        except Exception:  # a broken channel has nothing left to wait for
+            return True
 
     def close(self) -> None:
         """Close the channel (the agent sees EOF and stops whatever is left)."""
@@ -446,11 +466,23 @@ class _Run:
         finally:
             stop_beating.set()
             beater.join()
-            for link in self.links.values():
-                link.close()
+            self.close_links()
             self.sel.close()
         results = tuple(self.result(index) for index in sorted(self.hosts))
         return LaunchResult(results, self.watch.count > 0, time.time() - self.t0)
+
+    def close_links(self, wait: float = 3.0) -> None:
+        """End every host's agent: EOF on its stdin, then wait (together, at most ``wait``
+        seconds) until each has exited -- its stdout closed -- before closing the channels, so
+        no agent is still running on any host when the backend returns."""
+        agents = [link.agent for link in self.links.values() if link.agent is not None]
+        for agent in agents:
+            agent.send_eof()
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not all(a.exited() for a in agents):
+            time.sleep(0.005)
+        for link in self.links.values():
+            link.close()
 
     def start_all(self) -> None:
         """Hand every host its job (starting agents not yet running) in parallel; a host

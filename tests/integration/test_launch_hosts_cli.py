@@ -4,15 +4,18 @@ backend (mpi4py across 4 hosts). Afterwards nothing but sshd may run in any host
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from poprun_py.proctree import alive
 from poprun_py.testhosts import TestCluster, host_pids
 from tests.integration.helpers import marked_on
 
@@ -57,14 +60,27 @@ def leftovers(cluster: TestCluster, marker: str) -> dict[str, list[str]]:
     return {name: lines for name, lines in found.items() if lines}
 
 
-def only_sshd(cluster: TestCluster) -> None:
+def running_besides_sshd(cluster: TestCluster) -> dict[str, list[str]]:
+    """Per host: live processes other than sshd (zombies waiting for the container's init to
+    reap them are not running and do not count), with their command lines."""
+    found = {}
     for host in cluster.hosts:
-        names = [
-            Path(f"/proc/{p}/comm").read_text().strip()
-            for p in host_pids(host.netns)
-            if Path(f"/proc/{p}/comm").exists()
-        ]
-        assert set(names) <= {"sshd"}, (host.name, names)
+        cmds = []
+        for pid in sorted(alive(set(host_pids(host.netns)))):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
+                    cmds.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:120].decode(errors="replace"))
+        if cmds:
+            found[host.name] = cmds
+    return found
+
+
+def only_sshd(cluster: TestCluster, settle: float = 2.0) -> None:
+    """Nothing but sshd left in any host (agents told to exit get ``settle`` seconds)."""
+    deadline = time.monotonic() + settle
+    while (left := running_besides_sshd(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == {}
 
 
 def test_ssh_backend_runs_every_instance_on_its_host(
