@@ -69,7 +69,9 @@ def running_besides_sshd(cluster: TestCluster) -> dict[str, list[str]]:
         for pid in sorted(alive(set(host_pids(host.netns)))):
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{pid}/comm").read_text().strip() != "sshd":
-                    cmds.append(Path(f"/proc/{pid}/cmdline").read_bytes()[:120].decode(errors="replace"))
+                    cmds.append(
+                        Path(f"/proc/{pid}/cmdline").read_bytes()[:120].decode(errors="replace")
+                    )
         if cmds:
             found[host.name] = cmds
     return found
