@@ -153,12 +153,11 @@ def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
     from poprun_py.transport import SshSettings
 
     cluster = prep.plan.cluster
-    known = settings.known_hosts or cluster.known_hosts
-    return SshSettings(
-        known_hosts=Path(known) if known else None,
+    return SshSettings.of(
+        known_hosts=settings.known_hosts or cluster.known_hosts,
+        ssh_config=cluster.ssh_config,
         accept_new_host_keys=settings.accept_new_host_keys,
         connect_timeout=prep.connect_timeout,
-        ssh_config=Path(cluster.ssh_config) if cluster.ssh_config else None,
     )
 
 

@@ -93,6 +93,26 @@ class SshSettings:
     identity_file: str | None = None
     user: str | None = None
 
+    @staticmethod
+    def of(
+        *,
+        known_hosts: str | None = None,
+        ssh_config: str | None = None,
+        accept_new_host_keys: bool = False,
+        connect_timeout: float = 10.0,
+        identity_file: str | None = None,
+        user: str | None = None,
+    ) -> SshSettings:
+        """Settings from the plain strings specs and flags carry (empty means not given)."""
+        return SshSettings(
+            known_hosts=Path(known_hosts) if known_hosts else None,
+            accept_new_host_keys=accept_new_host_keys,
+            connect_timeout=connect_timeout,
+            ssh_config=Path(ssh_config) if ssh_config else None,
+            identity_file=identity_file,
+            user=user,
+        )
+
 
 @dataclass(frozen=True)
 class RemoteResult:

@@ -19,7 +19,6 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -275,11 +274,11 @@ def ssh_settings(
     )
     if timeout <= 0:
         raise UsageError("--connect-timeout must be more than 0")
-    return SshSettings(
-        known_hosts=Path(known) if known else None,
+    return SshSettings.of(
+        known_hosts=known,
+        ssh_config=config,
         accept_new_host_keys=accept_new,
         connect_timeout=timeout,
-        ssh_config=Path(config) if config else None,
         identity_file=identity,
         user=user,
     )

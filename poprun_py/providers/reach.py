@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from poprun_py.errors import PoprunError, ProvisionError
@@ -47,11 +46,11 @@ def ssh_settings(
     """Transport settings for provisioned nodes (identity and user come with each host)."""
     from poprun_py.transport import SshSettings
 
-    return SshSettings(
-        known_hosts=Path(known_hosts) if known_hosts else None,
+    return SshSettings.of(
+        known_hosts=known_hosts,
+        ssh_config=ssh_config,
         accept_new_host_keys=accept_new_host_keys,
         connect_timeout=connect_timeout,
-        ssh_config=Path(ssh_config) if ssh_config else None,
     )
 
 
