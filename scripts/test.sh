@@ -18,7 +18,8 @@ scripts/install-deps.sh
 # missing; checked from / so the current directory does not shadow the installed package
 installed=$(cd / && "$PYTHON" -c 'import os, poprun_py; print(os.path.dirname(os.path.dirname(os.path.abspath(poprun_py.__file__))))' 2>/dev/null || true)
 if [ "$installed" != "$PWD" ] || ! (cd / && "$PYTHON" -c 'import pytest, pytest_timeout, mpi4py, moto, numpy, fabric, paramiko, jinja2, yaml, ClusterShell, typer, rich, mypy, ruff') >/dev/null 2>&1; then
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+    # editable as a plain path entry (compat): no import hook runs at each start (~15 ms)
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat -e '.[test]'
 fi
 
 echo "== ruff"

@@ -10,8 +10,6 @@ Example:
     $ poprun-py launch -c clusters/local-2.yaml python examples/train.py --steps 20
 """
 
-from __future__ import annotations
-
 import gc
 import json
 import os
@@ -125,7 +123,7 @@ for _mode in ("plan", "render", "launch"):
     app.command(_mode, context_settings=PROGRAM_CONTEXT)(_command(_mode))
 
 
-def show_plan(plan: LaunchPlan, fmt: str) -> None:
+def show_plan(plan: "LaunchPlan", fmt: str) -> None:
     """Print the plan: PopRun's topology table, a summary and the per-instance table, or JSON."""
     from poprun_py import display
 
@@ -251,7 +249,7 @@ def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
         raise LaunchFailed(_describe_root(result), root.code if root else 1, result)
 
 
-def _describe_root(result: LaunchResult) -> str:
+def _describe_root(result: "LaunchResult") -> str:
     root = result.root_cause
     if root is None:
         return "the launch failed"
@@ -265,7 +263,7 @@ def _describe_root(result: LaunchResult) -> str:
     return f"instance {root.index} on {root.host} {what}{detail}; every other instance was stopped"
 
 
-def _print_summary(result: LaunchResult) -> None:
+def _print_summary(result: "LaunchResult") -> None:
     from rich.table import Table
 
     table = Table(title="instances", box=None, header_style="bold", title_justify="left")
