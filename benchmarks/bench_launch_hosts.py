@@ -3,7 +3,11 @@
 - ``poprun-py launch --backend ssh true`` (connect, preflight, start, wait) against one fresh
   ``poprun-py exec -- true`` fan-out. Target (issue 4): at most 1.3x.
 - ``poprun-py launch --backend mpirun true`` against the same ``mpirun`` command run by hand
-  (rendered by poprun-py, hostfile written, run with the same environment). Target: at most 1.1x.
+  (rendered by poprun-py, hostfile written, run with the same environment), Open MPI starting its
+  daemons with its own ssh. Target: at most 1.1x. poprun-py's launch opens one connection per
+  host and one agent session on it, which runs preflight, writes the job's files and then starts
+  Open MPI's daemon (``orted``) for mpirun's remote-shell agent (``poprun_py/rsh_shim.py``): one
+  login session per host, as by hand, where mpirun's ssh opens one per host.
 
 The commands are interleaved round by round, so they see the same machine load. Then a
 breakdown of the ssh launch, in process: connections, preflight, the backend's run -- once with
@@ -14,8 +18,8 @@ host for the whole launch). What bounds both: a login session costs far more tha
 
 Creates a 16-host test cluster (network namespaces + sshd; needs root) and destroys it at the
 end. Every command reaches the hosts through the cluster's ssh_config and known_hosts, named in
-a cluster spec file (``ssh: {ssh_config, known_hosts}``); Open MPI's own ssh gets the same
-config through ``--mca plm_rsh_args "-F <ssh_config>"``.
+a cluster spec file (``ssh: {ssh_config, known_hosts}``); Open MPI's own ssh (by hand) gets the
+same config through ``--mca plm_rsh_agent ssh --mca plm_rsh_args "-F <ssh_config>"``.
 
 Usage:
 
@@ -94,7 +98,7 @@ def by_hand(cluster: TestCluster, spec: Path, job_dir: Path, env: dict[str, str]
         cluster=str(spec),
         backend="mpirun",
         numa_aware=False,
-        mpi_args=rsh_args(cluster),
+        mpi_args=f"--mca plm_rsh_agent ssh {rsh_args(cluster)}",  # Open MPI's own ssh
     )
     job = launcher.render(prepare(opts), str(job_dir), {})
     write_job_files(job)

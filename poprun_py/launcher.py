@@ -1,8 +1,11 @@
 """Orchestration: prepared plan → (preflight, sync) → render → backend → LaunchResult.
 
-The remote backends open one SSH connection per host here, use it for preflight (which also
-discovers undeclared topologies and re-plans with them), sync and staging, and hand the same
-connections to the backend. Connections are closed in ``finally``.
+The remote backends open one SSH connection per host here and start one agent per host on it
+(:class:`~poprun_py.backends.ssh.AgentPool`), which runs preflight (which also discovers
+undeclared topologies and re-plans with them) and stages the job's files; the backend gets the
+same agents: the ssh backend runs the job on them, the mpirun backend starts Open MPI's daemons
+through them. One login session per host for the whole launch. Agents and connections are
+closed in ``finally``.
 
 Example:
 
@@ -82,10 +85,20 @@ def render(prep: Prepared, job_dir: str, available: Mapping[str, Topology | None
 
 
 def mpi_args_for(prep: Prepared) -> tuple[str, ...]:
-    """The user's mpirun options, plus ``plm_rsh_args -F <ssh_config>`` when the cluster names
-    an ssh_config, so Open MPI's own ssh launch uses the same user, key and known_hosts."""
+    """The user's mpirun options, plus how Open MPI starts its daemons on remote hosts: through
+    poprun-py's agents (:func:`poprun_py.rsh_shim.mpirun_args`) unless the user chose otherwise;
+    else with its own ssh, given ``plm_rsh_args -F <ssh_config>`` when the cluster names an
+    ssh_config, so that it uses the same user, key and known_hosts."""
+    if prep.backend != "mpirun":
+        return prep.mpi_args
+    if is_remote(prep):
+        from poprun_py.rsh_shim import mpirun_args
+
+        relay = mpirun_args(prep.mpi_args)
+        if relay:
+            return (*prep.mpi_args, *relay)
     config = prep.plan.cluster.ssh_config
-    if not config or prep.backend != "mpirun" or "plm_rsh_args" in " ".join(prep.mpi_args):
+    if not config or "plm_rsh_args" in " ".join(prep.mpi_args):
         return prep.mpi_args
     if any(c.isspace() for c in config):
         raise UsageError(f"ssh_config path {config!r} has whitespace: Open MPI splits plm_rsh_args")
@@ -107,9 +120,11 @@ def _as_root(plan: LaunchPlan) -> bool:
 
 
 def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
-    """The smallest IPv4 network holding every host address, for Open MPI's interface
-    selection (avoids start-up hangs on the wrong NIC); None when the user chose already or
-    the hosts are not all IPv4 addresses."""
+    """Open MPI's interface selection (avoids start-up hangs on the wrong NIC): the smallest IPv4
+    network holding every host address and -- when that is within a /16 -- this machine's own
+    address towards them: mpirun's daemon runs here, and Open MPI ignores (with a warning) a
+    selection that matches none of the machine's interfaces. None when the user chose already
+    or the hosts are not all IPv4 addresses."""
     if any("if_include" in a or "if_exclude" in a for a in mpi_args):
         return None
     if plan.cluster.all_local or len(plan.hosts) < 2:
@@ -118,10 +133,31 @@ def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
         addrs = [ipaddress.IPv4Address(h.spec.target) for h in plan.hosts]
     except ipaddress.AddressValueError:
         return None
+    net = _covering(addrs)
+    here = source_address(str(addrs[0]))
+    if here is not None and here not in net:
+        wider = _covering([*addrs, here])
+        net = wider if wider.prefixlen >= 16 else net
+    return str(net)
+
+
+def _covering(addrs: list[ipaddress.IPv4Address]) -> ipaddress.IPv4Network:
     net = ipaddress.IPv4Network(f"{addrs[0]}/32")
     while not all(a in net for a in addrs):
         net = net.supernet()
-    return str(net)
+    return net
+
+
+def source_address(target: str) -> ipaddress.IPv4Address | None:
+    """This machine's address on the route to ``target`` (a UDP connect sends nothing)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))
+            return ipaddress.IPv4Address(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return None
 
 
 def launch(prep: Prepared, settings: RunSettings) -> LaunchResult:
@@ -167,10 +203,12 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
     from poprun_py.transport import ConnectionPool
 
     with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
-        # ssh: one agent session per host serves preflight and the job (one login, not two)
-        runner: Any = AgentPool(pool) if prep.backend == "ssh" else pool
+        # one agent session per host serves preflight, staging and the job (ssh) or mpirun's
+        # daemons: one login session per host for the whole launch
+        agents = AgentPool(pool)
         try:
-            report = preflight(runner, prep.plan)  # connects every host; all faults at once
+            # every host, all faults at once; AgentPool answers map/run as a ConnectionPool does
+            report = preflight(agents, prep.plan)
             prep = with_topologies(prep, report.topologies)
             if settings.sync:
                 from poprun_py.sync import sync
@@ -178,11 +216,10 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
                 sync(pool, [sync_root(prep.plan)])
             job = render(prep, job_dir_for(prep.plan, settings.output_dir), report.topologies)
             if prep.backend != "ssh":
-                stage_job(pool.open_all(), job)  # shard files and job files on every host
-            return _run(prep, job, settings, BackendContext(pool=runner))
+                stage_job(agents, job)  # shard files and job files on every host
+            return _run(prep, job, settings, BackendContext(pool=agents))
         finally:
-            if runner is not pool:
-                runner.close()  # waits until every host's agent has exited
+            agents.close()  # waits until every host's agent has exited
 
 
 def sync_root(plan: LaunchPlan) -> str:

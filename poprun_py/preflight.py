@@ -26,10 +26,10 @@ import ipaddress
 import posixpath
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
@@ -38,7 +38,44 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from poprun_py.plan import LaunchPlan
-    from poprun_py.transport import Connection, ConnectionPool
+    from poprun_py.spec import HostSpec
+    from poprun_py.transport import RemoteResult, SshSettings
+
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """What runs a host's checks: an open Connection, or the agent on it."""
+
+    @property
+    def name(self) -> str:
+        """The host's name."""
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None) -> RemoteResult:
+        """Run ``argv`` on the host and return its outcome."""
+
+
+class RunnerPool(Protocol):
+    """Hosts to check in parallel: a :class:`ConnectionPool`, or an ``AgentPool`` on one (the
+    ssh and mpirun backends' launches, whose agents then serve the whole launch)."""
+
+    @property
+    def hosts(self) -> tuple[HostSpec, ...]:
+        """The hosts, in order."""
+
+    @property
+    def settings(self) -> SshSettings:
+        """Their SSH settings."""
+
+    def map(
+        self,
+        fn: Callable[[Runner], T],
+        hosts: Iterable[str] | None = None,
+        *,
+        connect: bool = False,
+    ) -> dict[str, T | BaseException]:
+        """``fn`` on every host in parallel; every outcome (connection faults included)."""
+
 
 SLOW_RESOLVE = 0.5
 _PYTHONS = ("python", "python3", "pypy3")
@@ -235,7 +272,7 @@ def _resolve_warning(name: str, seconds: float, error: str | None) -> str | None
 
 
 def preflight(
-    pool: ConnectionPool,
+    pool: RunnerPool,
     plan: LaunchPlan | None = None,
     checks: Checks | None = None,
     *,
@@ -251,7 +288,7 @@ def preflight(
     checks = checks or (checks_for_plan(plan) if plan is not None else Checks())
     resolving = _resolve_all([h.name for h in pool.hosts])
 
-    def check(conn: Connection) -> tuple[list[Fault], HostReport]:
+    def check(conn: Runner) -> tuple[list[Fault], HostReport]:
         t0 = time.monotonic()
         argv = checks_argv(checks, conn.name in checks.numactl_hosts)
         result = conn.run(argv, timeout=max(10.0, pool.settings.connect_timeout))
@@ -270,7 +307,7 @@ def preflight(
 
 
 def _collect(
-    pool: ConnectionPool,
+    pool: RunnerPool,
     checks: Checks,
     outcomes: Mapping[str, tuple[list[Fault], HostReport] | BaseException],
     resolving: Mapping[str, Future[tuple[float, str | None]]],

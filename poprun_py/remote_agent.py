@@ -15,11 +15,13 @@ run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the grace period. On ``ter
 everything the same way. When poprun-py is gone -- stdin closed, a write to the channel failed,
 or no heartbeat for ``liveness`` seconds (the host was cut off) -- it does so on its own.
 
-Protocol, one record a line. stdin (poprun-py to agent): first any number of
-``run {json}`` requests (preflight checks: ``argv``, ``timeout``, ``env``, ``cwd``, ``stdin``),
-each answered ``R {json}`` (``code``, ``stdout``, ``stderr``, ``timeout``) before the next is
-read; then ``job {json}`` (files, instances, timings); then ``h`` (heartbeat), ``term``
-(SIGTERM now, SIGKILL after grace), ``kill`` (SIGKILL now). Records about the job (stdout)::
+Protocol, one record a line. stdin (poprun-py to agent): first any number of requests, each
+answered ``R {json}`` before the next is read: ``run {json}`` (preflight checks: ``argv``,
+``timeout``, ``env``, ``cwd``, ``stdin``; answered with ``code``, ``stdout``, ``stderr``,
+``timeout``) and ``put {json}`` (``files``: ``path``/``text`` objects written mode 0600, as the
+mpirun backend stages a job; answered with ``error``, '' when all went well); then
+``job {json}`` (files, instances, timings); then ``h`` (heartbeat), ``term`` (SIGTERM now,
+SIGKILL after grace), ``kill`` (SIGKILL now). Records about the job (stdout)::
 
     h              heartbeat, after ``heartbeat`` seconds without any other record
     p IDX PID      instance IDX started; PID is also its process group and session id
@@ -131,18 +133,7 @@ class Agent:
 
     def write_files(self) -> str:
         """Write every file of the header (atomically, mode 0600); '' or what went wrong."""
-        for item in self.header.get("files", []):
-            path, text = item["path"], item["text"]
-            tmp = f"{path}.{os.getpid()}.tmp"
-            try:
-                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                os.replace(tmp, path)
-            except OSError as exc:
-                return f"cannot write {path}: {exc.strerror or exc}"
-        return ""
+        return write_files(self.header.get("files", []))
 
     def spawn(self, spec: dict[str, Any]) -> None:
         """Start one instance in its own session, with its environment over the agent's."""
@@ -382,6 +373,23 @@ class Agent:
         return found
 
 
+def write_files(items: list[dict[str, str]]) -> str:
+    """Write each ``{"path", "text"}`` (atomically, mode 0600, directories 0700); '' or what
+    went wrong."""
+    for item in items:
+        path, text = item["path"], item["text"]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except OSError as exc:
+            return f"cannot write {path}: {exc.strerror or exc}"
+    return ""
+
+
 def _belongs(pid: int, groups: set[int], token: bytes) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -408,7 +416,7 @@ def _kill(pid: int, sig: int, group: bool) -> None:
 
 
 def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
-    """Answer ``run`` requests until the ``job`` line; return the job and the bytes after it.
+    """Answer ``run``/``put`` requests until the ``job`` line; return the job and the rest.
 
     Exits when stdin ends or stays silent for ``idle`` seconds (poprun-py is gone).
     """
@@ -425,9 +433,15 @@ def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
         if verb == b"job":
             job: dict[str, Any] = json.loads(body)
             return job, data
-        if verb == b"run":
-            reply = b"R " + json.dumps(run_request(json.loads(body))).encode() + b"\n"
-            _write_all(1, reply)
+        if verb in (b"run", b"put"):
+            request = json.loads(body)
+            answer = run_request(request) if verb == b"run" else put_request(request)
+            _write_all(1, b"R " + json.dumps(answer).encode() + b"\n")
+
+
+def put_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Write the request's ``files``; the reply's ``error`` is '' or what went wrong."""
+    return {"id": request.get("id"), "error": write_files(request.get("files") or [])}
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:

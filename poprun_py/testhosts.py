@@ -5,7 +5,9 @@ root namespace by a veth pair whose root-side end sits on one Linux bridge. The 
 gateway address of the cluster's /24 inside 198.18.0.0/15 (reserved for test networks), so the
 root namespace reaches every host and the hosts reach each other; there is no default route, so no
 host can send traffic anywhere else. Each host runs its own sshd in its own UTS namespace (so
-``hostname`` answers the host's name), with its own host key, accepting one fresh client key.
+``hostname`` answers the host's name), with its own host key, accepting one fresh client key,
+logging to ``<state dir>/hosts/<host>/sshd.log`` at level VERBOSE (one ``Starting session:`` line
+per login session, which tests count).
 ``/etc/hosts`` gets one line per host, tagged ``# poprun-py testhosts <cluster>``, because Open MPI
 resolves every host name itself (an unresolvable name stalls ~5 s on the DNS timeout).
 
@@ -478,6 +480,7 @@ def _sshd_config_text(layout: _Layout, index: int) -> str:
         "PrintMotd no",
         "PrintLastLog no",
         "X11Forwarding no",
+        "LogLevel VERBOSE",  # logs every session it starts: tests count login sessions
         f'SetEnv "PATH={path_env}"' if '"' not in path_env else "",
         "Subsystem sftp internal-sftp",
     ]

@@ -41,7 +41,7 @@ def _local(ctx: BackendContext) -> Backend:
 def _mpirun(ctx: BackendContext) -> Backend:
     from poprun_py.backends.mpirun import MpirunBackend
 
-    return MpirunBackend()
+    return MpirunBackend(ctx.pool)
 
 
 def _ssh(ctx: BackendContext) -> Backend:

@@ -8,6 +8,10 @@ lines to the :class:`~poprun_py.supervise.Output` as ``[host:rank]`` lines of th
 failure report (``Process name: [[x,y],RANK]`` / ``Exit code: N``, or ``process rank R ...
 exited on signal S``) names the root cause.
 
+On remote hosts, Open MPI's daemons start through poprun-py's per-host agents (one login session
+per host for the whole launch; :mod:`poprun_py.backends.rsh_relay`), unless the user chose their
+own ``plm_rsh_agent``.
+
 Ctrl-C: SIGTERM goes to mpirun alone (it forwards it to the ranks), SIGKILL to its group after
 the grace period, then the sweep catches the ranks (which Open MPI puts in groups of their own).
 
@@ -23,11 +27,13 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
 from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
+from poprun_py.backends.rsh_relay import Lost, relayed
 from poprun_py.supervise import (
     LAUNCHER_INDEX,
     Child,
@@ -37,6 +43,7 @@ from poprun_py.supervise import (
 )
 
 if TYPE_CHECKING:
+    from poprun_py.backends.ssh import AgentPool
     from poprun_py.render import RenderedJob
 
 MPIRUN_MISSING = "mpirun not found on PATH; install Open MPI (Debian: openmpi-bin)"
@@ -149,9 +156,17 @@ class TagDemux:
 
 
 class MpirunBackend:
-    """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank."""
+    """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank.
+
+    With ``agents`` (the hosts' agents of a remote launch) and a launcher that names
+    :mod:`poprun_py.rsh_shim` as Open MPI's remote agent, the daemons start through the agents
+    (:mod:`poprun_py.backends.rsh_relay`); a host they lose is its ranks' root cause.
+    """
 
     name = "mpirun"
+
+    def __init__(self, agents: AgentPool | None = None):
+        self.agents = agents
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run mpirun under supervision, report every rank."""
@@ -162,8 +177,10 @@ class MpirunBackend:
         def demux(child: Child, stream: str) -> Feed:
             return TagDemux(output, stream, report)
 
-        run = supervise_launcher(job, job.launcher_env, output, options.grace_period, demux)
-        return rank_results(run, hosts, report)
+        with relayed(self.agents, job, options.grace_period) as relay:
+            env = {**job.launcher_env, **relay.environ}
+            run = supervise_launcher(job, env, output, options.grace_period, demux)
+        return rank_results(run, hosts, report, relay.lost)
 
 
 @dataclass(frozen=True)
@@ -172,13 +189,24 @@ class _Outcome:
     exit_code: int | None
     signal: int | None
     detail: str = ""
+    ended: float | None = None
 
 
-def rank_results(run: Supervised, hosts: dict[int, str], report: FailureReport) -> LaunchResult:
-    """Map mpirun's exit and failure report onto one InstanceResult per rank."""
+def rank_results(
+    run: Supervised,
+    hosts: dict[int, str],
+    report: FailureReport,
+    lost: Mapping[str, Lost] | None = None,
+) -> LaunchResult:
+    """Map mpirun's exit and failure report (and the hosts lost, if any) onto one
+    InstanceResult per rank."""
     launcher = run.exits[0]
     code = launcher.returncode if launcher.returncode is not None else 1
-    outcomes = {rank: _rank_outcome(rank, code, run, report) for rank in hosts}
+    lost = lost or {}
+    outcomes = {
+        rank: _lost_outcome(hosts[rank], lost) or _rank_outcome(rank, code, run, report)
+        for rank in hosts
+    }
     results = tuple(
         InstanceResult(
             index=rank,
@@ -187,12 +215,22 @@ def rank_results(run: Supervised, hosts: dict[int, str], report: FailureReport) 
             signal=o.signal,
             state=o.state,
             started=launcher.started,
-            ended=launcher.ended,
+            ended=launcher.ended if o.ended is None else o.ended,
             detail=o.detail,
         )
         for rank, o in sorted(outcomes.items())
     )
     return LaunchResult(results, interrupted=run.interrupted, duration=run.duration)
+
+
+def _lost_outcome(host: str, lost: Mapping[str, Lost]) -> _Outcome | None:
+    """Lost with its host, or stopped by mpirun when another host was lost; None otherwise."""
+    if host in lost:
+        return _Outcome("lost", None, None, lost[host].reason, lost[host].when)
+    if lost:
+        first = min(lost, key=lambda name: lost[name].when)
+        return _Outcome("stopped", None, None, f"stopped by mpirun after host {first} was lost")
+    return None
 
 
 def _rank_outcome(rank: int, code: int, run: Supervised, report: FailureReport) -> _Outcome:

@@ -8,7 +8,9 @@ costs one login session per host. The agent then gets the host's part of the job
 line on stdin -- shard files, ``job.files`` and every instance's argv, environment and cwd, so
 no environment value (secrets included) is ever in an argv or in ``ps`` -- writes the files
 (0600), starts each instance in its own process group, reports ``p IDX PID`` first, then
-streams tagged output lines and each exit.
+streams tagged output lines and each exit. For other launchers (mpirun), :func:`stage_job`
+writes the job's files through the same agents (``put`` requests), and
+:mod:`poprun_py.backends.rsh_relay` gives each agent Open MPI's daemon as its job.
 
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
 makes every agent SIGTERM its instances' groups, and SIGKILL after the grace period;
@@ -39,13 +41,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poprun_py import remote_agent
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
+from poprun_py.errors import Fault, PreflightError
 from poprun_py.supervise import Output
 
 if TYPE_CHECKING:
@@ -101,7 +103,7 @@ class SshBackend:
 
     def _run(self, agents: AgentPool, job: RenderedJob, options: RunOptions) -> LaunchResult:
         agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
-        timing = _Timing(options.grace_period, self.heartbeat, self.liveness, self.start_timeout)
+        timing = Timing(options.grace_period, self.heartbeat, self.liveness, self.start_timeout)
         output = Output(options, {c.index: c.host for c in job.instances})
         try:
             with _Watch() as watch:
@@ -142,6 +144,15 @@ class AgentPool:
             with self._lock:
                 self._agents[conn.name] = agent
         return agent
+
+    def agent_on(self, host: str) -> AgentConnection:
+        """The agent on ``host``, over its open connection; ConnectionLost when it has none."""
+        from poprun_py.transport import ConnectionLost
+
+        conn = self.pool.connections.get(host)
+        if conn is None:
+            raise ConnectionLost(host, f"no open connection to host {host}")
+        return self.agent(conn)
 
     def map(
         self,
@@ -231,6 +242,16 @@ class AgentConnection:
         duration = time.monotonic() - started
         return RemoteResult(self.name, reply["code"], reply["stdout"], reply["stderr"], duration)
 
+    def put(self, files: Sequence[Mapping[str, str]], timeout: float = START_TIMEOUT) -> str:
+        """Write ``files`` (``path``, ``text``) on the host, mode 0600, through the agent;
+        '' or what went wrong there."""
+        with self._lock:
+            self._requests += 1
+            request = {"id": self._requests, "files": list(files)}
+            self.send(b"put " + json.dumps(request).encode())
+            reply = json.loads(self._reply(time.monotonic() + timeout))
+        return str(reply.get("error") or "")
+
     def send(self, line: bytes) -> None:
         """Send one line to the agent."""
         with self._send_lock:
@@ -294,40 +315,42 @@ class AgentConnection:
             self.channel.close()
 
 
-def stage_job(conns: Mapping[str, Connection], job: RenderedJob) -> None:
-    """Write every instance's shard file on its host and ``job.files`` on every host, in
-    parallel over the hosts' connections (for launchers such as mpirun, whose ranks read them)."""
+def stage_job(agents: AgentPool, job: RenderedJob) -> None:
+    """Write ``job.files`` and each instance's shard file on its host, through the hosts'
+    agents in parallel (for launchers such as mpirun, whose ranks read them): no new session.
+    PreflightError (nothing started) naming every host where that failed."""
     hosts = sorted({c.host for c in job.instances})
-
-    def stage(host: str) -> None:
-        conn = conns[host]
-        for name, text in job.files.items():
-            conn.put_text(posixpath.join(job.job_dir, name), text, 0o600)
-        for c in job.instances:
-            if c.host == host and c.shard_file:
-                conn.put_text(posixpath.join(job.job_dir, c.shard_file), c.shard_text, 0o600)
-
-    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
-        list(pool.map(stage, hosts))
+    outcomes = agents.map(lambda a: a.put(host_files(job, a.name)), hosts, connect=True)
+    faults = [
+        Fault(host, "stage job files", str(outcome))
+        for host, outcome in sorted(outcomes.items())
+        if outcome
+    ]
+    if faults:
+        raise PreflightError(faults)
 
 
-def _host_header(job: RenderedJob, host: str, run_id: str, timing: _Timing) -> dict[str, Any]:
-    """The agent's job on ``host``: files to write and instances to start (pure)."""
-    mine = [c for c in job.instances if c.host == host]
+def host_files(job: RenderedJob, host: str) -> list[dict[str, str]]:
+    """What the agent on ``host`` writes: ``job.files`` and the shard files of its instances."""
     files = [
         {"path": posixpath.join(job.job_dir, name), "text": text}
         for name, text in job.files.items()
     ]
     files += [
         {"path": posixpath.join(job.job_dir, c.shard_file), "text": c.shard_text}
-        for c in mine
-        if c.shard_file
+        for c in job.instances
+        if c.host == host and c.shard_file
     ]
-    instances = [
-        {"index": c.index, "argv": list(c.argv), "env": dict(c.env), "cwd": c.cwd} for c in mine
-    ]
+    return files
+
+
+def agent_header(
+    run_id: str, host: str, timing: Timing, instances: list[dict[str, Any]], files: list[Any]
+) -> dict[str, Any]:
+    """An agent's job: its run id (per host: test hosts share one /proc), timings, files to
+    write and instances (``index``, ``argv``, ``env``, ``cwd``) to start."""
     return {
-        "run_id": f"{run_id}-{host}",  # per host: test hosts share one /proc
+        "run_id": f"{run_id}-{host}",
         "grace": timing.grace,
         "heartbeat": timing.heartbeat,
         "liveness": timing.liveness,
@@ -336,8 +359,18 @@ def _host_header(job: RenderedJob, host: str, run_id: str, timing: _Timing) -> d
     }
 
 
+def _host_header(job: RenderedJob, host: str, run_id: str, timing: Timing) -> dict[str, Any]:
+    """The agent's job on ``host``: files to write and instances to start (pure)."""
+    instances = [
+        {"index": c.index, "argv": list(c.argv), "env": dict(c.env), "cwd": c.cwd}
+        for c in job.instances
+        if c.host == host
+    ]
+    return agent_header(run_id, host, timing, instances, host_files(job, host))
+
+
 @dataclass(frozen=True)
-class _Timing:
+class Timing:
     grace: float
     heartbeat: float
     liveness: float
@@ -370,7 +403,7 @@ class _Watch:
             os.write(self.wake_w, b"\0")
 
 
-class _Link:
+class AgentLink:
     """One host's agent during the job: records in, control lines out, when last heard."""
 
     def __init__(self, host: str, indexes: Sequence[int]):
@@ -410,7 +443,7 @@ class _Link:
         if self.agent is not None:
             self.agent.close()
 
-    def silence_limit(self, timing: _Timing) -> float:
+    def silence_limit(self, timing: Timing) -> float:
         """How long this host may stay silent: longer while its agent is still starting."""
         answered = self.agent is not None and self.agent.answered
         return timing.liveness if answered else timing.start_timeout
@@ -433,7 +466,7 @@ class _Run:
         job: RenderedJob,
         agents: AgentPool,
         output: Output,
-        timing: _Timing,
+        timing: Timing,
         watch: _Watch,
     ):
         self.job, self.agents, self.output = job, agents, output
@@ -443,7 +476,7 @@ class _Run:
         by_host: dict[str, list[int]] = {}
         for c in job.instances:
             by_host.setdefault(c.host, []).append(c.index)
-        self.links = {h: _Link(h, idx) for h, idx in by_host.items()}
+        self.links = {h: AgentLink(h, idx) for h, idx in by_host.items()}
         self.started: dict[int, float] = {}
         self.results: dict[int, InstanceResult] = {}
         self.sel = selectors.DefaultSelector()
@@ -515,7 +548,7 @@ class _Run:
         times += [t for t in (self.kill_at, self.lose_at) if t is not None]
         return max(0.0, min(times) - time.monotonic())
 
-    def pump(self, link: _Link | None) -> None:
+    def pump(self, link: AgentLink | None) -> None:
         """Handle what one channel (or the signal pipe, for None) has to say."""
         if link is None:
             with contextlib.suppress(OSError):
@@ -527,7 +560,7 @@ class _Run:
         if ended and not link.done:
             self.lose(link, link.why_lost())
 
-    def record(self, link: _Link, record: bytes) -> None:
+    def record(self, link: AgentLink, record: bytes) -> None:
         """Act on one agent record (see :mod:`poprun_py.remote_agent`)."""
         kind, _, rest = record.partition(b" ")
         if kind == b"d":
@@ -570,7 +603,7 @@ class _Run:
         if result.failed:
             self.stop()
 
-    def lose(self, link: _Link, reason: str, when: float | None = None) -> None:
+    def lose(self, link: AgentLink, reason: str, when: float | None = None) -> None:
         """A host is gone: its unfinished instances are lost, dated when it was last heard
         (so a host that died is the root cause of the failures it caused elsewhere)."""
         self.forget(link)
@@ -580,7 +613,7 @@ class _Run:
                 lost = InstanceResult(index, link.host, state="lost", detail=reason)
                 self.finish(replace(lost, ended=when or link.heard_wall))
 
-    def forget(self, link: _Link) -> None:
+    def forget(self, link: AgentLink) -> None:
         """The host is done: stop watching its channel."""
         link.done = True
         if link.agent is not None and link.agent.channel in self.sel.get_map():

@@ -216,6 +216,20 @@ def stray_pids(host: TestHost) -> list[int]:
     return [p for p in pids if p != host.sshd_pid and p in live]
 
 
+def sshd_log_count(cluster: TestCluster, text: str) -> dict[str, int]:
+    """Per host: how often ``text`` occurs in its sshd's log so far."""
+    counts = {}
+    for host in cluster.hosts:
+        log = cluster.state_dir / "hosts" / host.name / "sshd.log"
+        counts[host.name] = log.read_text(errors="replace").count(text)
+    return counts
+
+
+def sessions_started(cluster: TestCluster) -> dict[str, int]:
+    """How many login sessions each host's sshd has started so far (its log is VERBOSE)."""
+    return sshd_log_count(cluster, "Starting session:")
+
+
 def strays(cluster: TestCluster) -> dict[str, list[int]]:
     """Per host: live processes in its namespace other than its sshd (hosts with none left out)."""
     found = {host.name: stray_pids(host) for host in cluster.hosts}

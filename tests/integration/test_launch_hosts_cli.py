@@ -17,7 +17,7 @@ import pytest
 
 from poprun_py.proctree import alive
 from poprun_py.testhosts import TestCluster, host_pids
-from tests.integration.helpers import marked_on
+from tests.integration.helpers import marked_on, sessions_started
 
 pytestmark = pytest.mark.hosts
 
@@ -164,6 +164,7 @@ def test_preflight_refuses_a_missing_program_and_starts_nothing(
 def test_mpirun_backend_across_four_hosts(test_cluster_4: TestCluster, tmp_path: Path) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
     out = tmp_path / "logs"
+    before = sessions_started(test_cluster_4)
     proc = poprun(
         "launch",
         "-c",
@@ -182,10 +183,15 @@ def test_mpirun_backend_across_four_hosts(test_cluster_4: TestCluster, tmp_path:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+    # the interface selection matches this machine too: Open MPI did not ignore it
+    assert "invalid value" not in proc.stdout + proc.stderr
     names = [h.name for h in test_cluster_4.hosts]
     for i in range(4):
         line = json.loads((out / f"instance-{i}.log").read_text().strip().splitlines()[-1])
         assert (line["rank"], line["size"], line["hostname"]) == (i, 4, names[i])
         assert line["allreduce"] == 10
         assert line["env"]["POPDIST_REPLICA_INDEX_OFFSET"] == str(2 * i)
+    # preflight, staging and Open MPI's daemon: one login session per host (the agent's)
+    after = sessions_started(test_cluster_4)
+    assert {h: after[h] - before[h] for h in after} == {h: 1 for h in names}
     only_sshd(test_cluster_4)

@@ -1,20 +1,26 @@
-"""``--backend mpirun`` across real test hosts: Open MPI's own ssh launch, one rank per host.
+"""``--backend mpirun`` across real test hosts, one rank per host.
 
 The rendered command names hosts by address in its hostfile (a name would cost a DNS timeout per
-host), selects the hosts' subnet for Open MPI's TCP traffic, and passes the cluster's ssh config
-to Open MPI's ssh (``plm_rsh_args``) so orted is started with the cluster's key and known_hosts.
-Shard files are staged on every host over its SSH connection before mpirun starts.
+host) and selects the hosts' subnet for Open MPI's TCP traffic. Every host gets one connection
+and one agent session on it, which stages the shard files and then starts Open MPI's daemon for
+the rsh shim (``plm_rsh_agent``): one login session per host for the whole launch. With the
+user's own agent (here Open MPI's ssh, given the cluster's ssh config through
+``plm_rsh_args``) the files are still staged by the agents.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,13 +28,15 @@ import pytest
 
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.backends.ssh import stage_job
+from poprun_py.backends.ssh import AgentPool, stage_job
 from poprun_py.plan import LaunchPlan, make_plan
 from poprun_py.render import RenderedJob, render_job
+from poprun_py.rsh_shim import agent_command, mpirun_args
 from poprun_py.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.testhosts import TestCluster, host_pids
 from poprun_py.transport import ConnectionPool, SshSettings
-from tests.integration.helpers import marked_on, need_mpi, stray_pids
+from tests.hostfixtures import MakeCluster
+from tests.integration.helpers import marked_on, need_mpi, sessions_started, stray_pids
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi]
 
@@ -51,32 +59,42 @@ def plan_on(cluster: TestCluster, program: list[str]) -> LaunchPlan:
     return make_plan(ClusterSpec(name=cluster.name, hosts=hosts), job)
 
 
-def mpirun_job(cluster: TestCluster, plan: LaunchPlan, job_dir: Path) -> RenderedJob:
-    """The plan rendered for mpirun with the cluster's subnet and ssh config."""
-    rsh = ("--mca", "plm_rsh_args", f"-F {cluster.ssh_config}")
+def mpirun_job(
+    cluster: TestCluster, plan: LaunchPlan, job_dir: Path, relay: bool = True
+) -> RenderedJob:
+    """The plan rendered for mpirun with the cluster's subnet; Open MPI's daemons start through
+    the agents (``relay``) or with Open MPI's ssh and the cluster's ssh config."""
+    ssh = ("--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {cluster.ssh_config}")
     return render_job(
         plan,
         "mpirun",
         job_dir=str(job_dir),
-        mpi_args=rsh,
+        mpi_args=mpirun_args(()) if relay else ssh,
         mpi_subnet=cluster.subnet,
         as_root=os.geteuid() == 0,
     )
 
 
-def stage(cluster: TestCluster, job: RenderedJob) -> None:
-    """Write the job's shard files (and hostfile) on every host over its SSH connection."""
+@contextlib.contextmanager
+def staged(cluster: TestCluster, job: RenderedJob) -> Iterator[AgentPool]:
+    """Every host's agent, with the job's shard files (and hostfile) written through it."""
     settings = SshSettings(ssh_config=cluster.ssh_config, connect_timeout=5.0)
     with ConnectionPool([h.spec for h in job.plan.hosts], settings) as pool:
-        stage_job(pool.open_all(), job)
+        agents = AgentPool(pool)
+        try:
+            stage_job(agents, job)
+            yield agents
+        finally:
+            agents.close()
 
 
 def run(cluster: TestCluster, job: RenderedJob, **options: object) -> tuple[LaunchResult, Lines]:
-    """Stage the job's files on every host over SSH, then run mpirun with a capturing sink."""
-    stage(cluster, job)
+    """Stage the job's files through the hosts' agents, then run mpirun (its daemons started by
+    the same agents) with a capturing sink."""
     lines: Lines = []
     opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
-    return MpirunBackend().run(job, opts), lines
+    with staged(cluster, job) as agents:
+        return MpirunBackend(agents).run(job, opts), lines
 
 
 def leftovers(cluster: TestCluster, mark: str) -> dict[str, list[str]]:
@@ -96,7 +114,7 @@ def assert_clean(cluster: TestCluster, mark: str, within: float = 10.0) -> None:
     assert leftovers(cluster, mark) == {}
 
 
-def test_rendered_command_uses_addresses_subnet_and_the_cluster_ssh_config(
+def test_rendered_command_uses_addresses_subnet_and_the_rsh_shim(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
     plan = plan_on(test_cluster_4, [PY, str(EXAMPLES / "mpi_check.py")])
@@ -106,7 +124,7 @@ def test_rendered_command_uses_addresses_subnet_and_the_cluster_ssh_config(
     assert hostfile == [h.address for h in test_cluster_4.hosts]
     for name in ("btl_tcp_if_include", "oob_tcp_if_include"):
         assert argv[argv.index(name) + 1] == test_cluster_4.subnet
-    assert argv[argv.index("plm_rsh_args") + 1] == f"-F {test_cluster_4.ssh_config}"
+    assert argv[argv.index("plm_rsh_agent") + 1] == agent_command()
     assert ("--allow-run-as-root" in argv) == (os.geteuid() == 0)
 
 
@@ -114,8 +132,11 @@ def test_mpi4py_ranks_hosts_and_allreduce_agree_with_the_plan(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
     plan = plan_on(test_cluster_4, [PY, str(EXAMPLES / "mpi_check.py")])
+    before = sessions_started(test_cluster_4)
     result, lines = run(test_cluster_4, mpirun_job(test_cluster_4, plan, tmp_path / "job"))
     assert result.ok, lines
+    after = sessions_started(test_cluster_4)
+    assert {h: after[h] - before[h] for h in after} == {h: 1 for h in after}  # one each
     ranks = {i: json.loads(line) for i, s, line in lines if s == "stdout" and i >= 0}
     n = len(test_cluster_4.hosts)
     assert sorted(ranks) == list(range(n))
@@ -141,11 +162,11 @@ SHARD_READER = (
 )
 
 
-def test_shard_files_are_staged_on_every_host_before_mpirun_starts(
+def test_shard_files_are_staged_by_the_agents_also_for_the_users_own_rsh_agent(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
     plan = plan_on(test_cluster_4, [PY, "-c", SHARD_READER])
-    job = mpirun_job(test_cluster_4, plan, tmp_path / "job")
+    job = mpirun_job(test_cluster_4, plan, tmp_path / "job", relay=False)
     tag = uuid.uuid4().hex[:8]
     job = replace(
         job, instances=tuple(replace(c, shard_text=f"{tag}-{c.index}.rec\n") for c in job.instances)
@@ -186,13 +207,14 @@ from pathlib import Path
 from poprun_py.backends.base import RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.testhosts import load_cluster
-from tests.integration.test_mpirun_hosts import mpirun_job, plan_on, stage
+from tests.integration.test_mpirun_hosts import mpirun_job, plan_on, staged
 
 cluster = load_cluster(sys.argv[1])
 job = mpirun_job(cluster, plan_on(cluster, json.loads(sys.argv[2])), Path(sys.argv[3]))
-stage(cluster, job)
-print("started", flush=True)
-result = MpirunBackend().run(job, RunOptions(grace_period=2.0, sink=lambda i, s, line: None))
+with staged(cluster, job) as agents:
+    print("started", flush=True)
+    options = RunOptions(grace_period=2.0, sink=lambda i, s, line: None)
+    result = MpirunBackend(agents).run(job, options)
 print(json.dumps({"interrupted": result.interrupted, "exit": result.exit_code}), flush=True)
 """
 
@@ -228,3 +250,36 @@ def running(cluster: TestCluster, mark: str) -> dict[str, list[int]]:
         if mine:
             out[host.name] = mine
     return out
+
+
+def test_a_host_off_the_network_is_the_root_cause_within_seconds(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(2, "kr")
+    mark = f"poprun-mpi-hosts-{uuid.uuid4().hex[:10]}"
+    plan = plan_on(cluster, [PY, "-c", "import time; time.sleep(60)", mark])
+    victim = cluster.hosts[1]
+    cut: list[float] = []
+
+    def cut_off_when_running() -> None:
+        deadline = time.monotonic() + 20
+        while len(running(cluster, mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        netns = ["ip", "netns", "exec", victim.netns]
+        subprocess.run([*netns, "ip", "link", "set", "eth0", "down"], check=True)
+        cut.append(time.monotonic())
+
+    cutter = threading.Thread(target=cut_off_when_running, daemon=True)
+    cutter.start()
+    result, _ = run(cluster, mpirun_job(cluster, plan, tmp_path / "job"), grace_period=1.0)
+    assert cut and time.monotonic() - cut[0] < 8.0
+    root = result.root_cause
+    assert root is not None and (root.index, root.host, root.state) == (1, victim.name, "lost")
+    assert "stopped answering" in root.detail
+    assert result.instances[0].state == "stopped"
+    assert_clean(dataclasses.replace(cluster, hosts=cluster.hosts[:1]), mark)
+    # cut off from poprun-py, the victim's agent stops orted and its rank by itself
+    deadline = time.monotonic() + 6.0
+    while running(cluster, mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running(cluster, mark) == {}

@@ -19,6 +19,7 @@ from poprun_py.preflight import preflight
 from poprun_py.spec import HostSpec
 from poprun_py.testhosts import TestCluster
 from poprun_py.transport import ConnectionPool, RemoteTimeout, SshSettings
+from tests.integration.helpers import sshd_log_count
 
 pytestmark = pytest.mark.hosts
 
@@ -61,11 +62,7 @@ def addressed(cluster: TestCluster) -> list[HostSpec]:
 
 def logins(cluster: TestCluster) -> dict[str, int]:
     """How many logins each host's sshd has accepted so far."""
-    counts = {}
-    for host in cluster.hosts:
-        log = cluster.state_dir / "hosts" / host.name / "sshd.log"
-        counts[host.name] = log.read_text(errors="replace").count("Accepted publickey")
-    return counts
+    return sshd_log_count(cluster, "Accepted publickey")
 
 
 def leftovers(pattern: str) -> list[int]:
