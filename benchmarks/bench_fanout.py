@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from installed import compile_package, console_script  # noqa: E402
+
 from poprun_py.spec import HostSpec  # noqa: E402
 from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
 from poprun_py.transport import ConnectionPool, SshSettings  # noqa: E402
@@ -53,9 +55,12 @@ def commands(cluster: TestCluster) -> dict[str, tuple[list[str], dict[str, str]]
     expr = f"{prefix}[1-{len(cluster.hosts)}]"
     names = list(cluster.host_names)
     env = dict(os.environ)
-    poprun = bin_path("poprun-py")
-    base = [poprun] if poprun and "shims" not in poprun else [sys.executable, "-m", "poprun_py"]
-    cmds = {"poprun-py exec": ([*base, "exec", "-H", expr, "--ssh-config", cfg, "--", "true"], env)}
+    cmds = {
+        "poprun-py exec": (
+            [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"],
+            env,
+        )
+    }
     if shutil.which("pdsh"):
         pdsh_env = {**env, "PDSH_SSH_ARGS": f"-F {cfg} -x -l%u %h"}
         cmds["pdsh -R ssh"] = (["pdsh", "-R", "ssh", "-f", "64", "-w", expr, "true"], pdsh_env)
@@ -122,6 +127,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    compile_package()
     name = f"bench-fanout-{os.getpid()}"
     cluster = create_cluster(name, args.hosts, host_prefix=f"sf{session_tag()}")
     try:

@@ -42,16 +42,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from installed import compile_package, console_script  # noqa: E402
+
 from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
 from tests.hostfixtures import session_tag  # noqa: E402
 
 Command = tuple[list[str], dict[str, str]]
-
-
-def poprun() -> list[str]:
-    """The console script itself, not a pyenv shim (a shim adds ~0.1 s of bash per call)."""
-    beside = Path(sys.executable).parent / "poprun-py"
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "poprun_py"]
 
 
 def write_spec(cluster: TestCluster, path: Path) -> Path:
@@ -75,9 +71,9 @@ def rsh_args(cluster: TestCluster) -> str:
 
 def commands(cluster: TestCluster, spec: Path, work: Path) -> dict[str, Command]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    base = [*poprun(), "launch", "-c", str(spec), "--no-numa-aware"]
+    base = [*console_script(), "launch", "-c", str(spec), "--no-numa-aware"]
     return {
-        "poprun-py exec -- true": ([*poprun(), "exec", "-c", str(spec), "--", "true"], env),
+        "poprun-py exec -- true": ([*console_script(), "exec", "-c", str(spec), "--", "true"], env),
         "poprun-py launch --backend ssh": ([*base, "--backend", "ssh", "true"], env),
         "poprun-py launch --backend mpirun": (
             [*base, "--backend", "mpirun", "--mpi-args", rsh_args(cluster), "true"],
@@ -173,6 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("mpirun") is None:
         raise SystemExit("mpirun not found (Debian: openmpi-bin)")
+    compile_package()
     name = f"bench-launch-{os.getpid()}"
     cluster = create_cluster(name, args.hosts, host_prefix=f"kc{session_tag()}")
     work = Path(tempfile.mkdtemp(prefix="bench-launch-hosts-"))

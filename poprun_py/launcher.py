@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -206,6 +207,7 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
         # one agent session per host serves preflight, staging and the job (ssh) or mpirun's
         # daemons: one login session per host for the whole launch
         agents = AgentPool(pool)
+        _warm_up_renderer(prep)  # while preflight waits for the hosts
         try:
             # every host, all faults at once; AgentPool answers map/run as a ConnectionPool does
             report = preflight(agents, prep.plan)
@@ -220,6 +222,15 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
             return _run(prep, job, settings, BackendContext(pool=agents))
         finally:
             agents.close()  # waits until every host's agent has exited
+
+
+def _warm_up_renderer(prep: Prepared) -> None:
+    """Import Jinja2 and load the templates on a thread of their own: preflight spends seconds
+    waiting for the hosts' login shells, and rendering follows it."""
+    from poprun_py.render import warm_up
+
+    args = (prep.backend, prep.templates)
+    threading.Thread(target=warm_up, args=args, daemon=True, name="poprun-warm-up").start()
 
 
 def sync_root(plan: LaunchPlan) -> str:

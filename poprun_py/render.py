@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from poprun_py import env as instance_env
 from poprun_py import shellwords
-from poprun_py.errors import RenderError, UnknownNameError
+from poprun_py.errors import PoprunError, RenderError, UnknownNameError
 from poprun_py.plan import HostPlan, InstancePlan, LaunchPlan
 from poprun_py.topology import Topology, format_cpulist
 
@@ -379,6 +379,20 @@ def _carriable_value(text: str, appfile: bool) -> bool:
 
 
 # ------------------------------------------------------------------ Jinja2 environment
+
+
+def warm_up(backend: str, templates_dir: Path | None = None) -> None:
+    """Import Jinja2 and load ``backend``'s templates now (e.g. on a thread, while the hosts are
+    checked), so that :func:`render_job` later does not wait for them. Faults are left for
+    ``render_job`` to report."""
+    import jinja2
+
+    names = (INSTANCE_TEMPLATE, LAUNCHER_TEMPLATES.get(backend))
+    with contextlib.suppress(PoprunError, OSError, jinja2.TemplateError):
+        jenv = _environment(templates_dir)
+        for name in names:
+            if name is not None:
+                jenv.get_template(name)
 
 
 def _environment(templates_dir: Path | None) -> jinja2.Environment:

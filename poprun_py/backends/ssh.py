@@ -31,7 +31,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import json
+import marshal
 import os
 import posixpath
 import secrets
@@ -179,6 +182,15 @@ class AgentPool:
             agent.close()
 
 
+@functools.cache
+def agent_payload() -> tuple[list[str], bytes]:
+    """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
+    is by a host whose Python has this bytecode magic) and its source (compiled there if not)."""
+    source = Path(remote_agent.__file__).read_bytes()
+    code = marshal.dumps(compile(source, "poprun-agent", "exec"))
+    return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
+
+
 class AgentConnection:
     """One host's agent channel; ``run`` works like :meth:`Connection.run` until the job."""
 
@@ -195,9 +207,9 @@ class AgentConnection:
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
         """Start the agent on a new channel of ``conn`` and send it its source."""
-        source = Path(remote_agent.__file__).read_bytes()
-        channel = conn.start([*AGENT_START, remote_agent.BOOTSTRAP, str(len(source))])
-        channel.sendall(source)
+        args, payload = agent_payload()
+        channel = conn.start([*AGENT_START, remote_agent.BOOTSTRAP, *args])
+        channel.sendall(payload)
         return cls(conn, channel)
 
     def run(

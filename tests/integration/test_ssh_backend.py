@@ -24,7 +24,7 @@ import pytest
 
 from poprun_py import remote_agent, render, supervise
 from poprun_py.backends.base import LaunchResult, RunOptions
-from poprun_py.backends.ssh import AGENT_START, AgentPool, SshBackend
+from poprun_py.backends.ssh import AGENT_START, AgentPool, SshBackend, agent_payload
 from poprun_py.plan import LaunchPlan, make_plan
 from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.testhosts import TestCluster, host_pids
@@ -269,13 +269,22 @@ def _environ(pid: str) -> bytes:
         return b""
 
 
-def test_agent_starts_from_its_source_on_stdin_like_on_a_host() -> None:
+@pytest.mark.parametrize("form", ["compiled", "other magic", "source only"])
+def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
+    args, payload = agent_payload()
     source = Path(remote_agent.__file__).read_bytes()
-    argv = [*AGENT_START, remote_agent.BOOTSTRAP, str(len(source))]
+    assert payload.endswith(source)
+    if form == "compiled":  # the same magic: the compiled agent runs, the source is not used
+        payload = payload[: -len(source)] + b"#" * len(source)
+    elif form == "other magic":  # a host whose Python cannot run our bytecode compiles the source
+        args = [args[0], "00000000", args[2]]
+    elif form == "source only":
+        args, payload = [str(len(source))], source
+    argv = [*AGENT_START, remote_agent.BOOTSTRAP, *args]
     job = {"instances": [{"index": 0, "argv": ["echo", "via bootstrap"], "env": {}, "cwd": None}]}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(source + b"job " + json.dumps(job).encode() + b"\n")
+    proc.stdin.write(payload + b"job " + json.dumps(job).encode() + b"\n")
     proc.stdin.flush()
     recs = records(proc.stdout.read())
     proc.stdin.close()
