@@ -95,7 +95,8 @@ for kind in cmd file; do
 done
 if [ "$1" = 1 ]; then command -v numactl >/dev/null 2>&1 && echo "numactl 1" || echo "numactl 0"; fi
 if [ "$2" = 1 ]; then
-  if ls /sys/devices/system/node/node*/cpulist >/dev/null 2>&1; then
+  for f in /sys/devices/system/node/node*/cpulist; do break; done
+  if [ -r "$f" ]; then
     echo "topology sysfs"; grep -H '' /sys/devices/system/node/node*/cpulist
   elif command -v lscpu >/dev/null 2>&1; then echo "topology lscpu"; lscpu -p=CPU,NODE
   else echo "topology none"; fi
