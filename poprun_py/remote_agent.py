@@ -2,10 +2,10 @@
 
 The ssh backend starts it with ``python3 -S -c BOOTSTRAP`` (:data:`BOOTSTRAP`) and writes to its
 stdin the agent itself -- compiled, for a host whose Python has the same bytecode magic, and as
-source (so nothing has to be installed on the host) -- then
-requests: commands to run first (preflight's checks, so a whole launch costs one login session
-per host), then the host's part of the job, then control lines. It uses the standard library
-only and runs on any Python 3.7+ on Linux.
+source -- so nothing has to be installed on the host; then requests: commands to run first
+(preflight's checks, so a whole launch costs one login session per host), then the host's part
+of the job, then control lines. It uses the standard library only and runs on any Python 3.7+
+on Linux.
 
 What it does, with the local backend's rules: writes the job's files (mode 0600); starts every
 instance in its own session, so its process group can be signalled as a whole, with the
