@@ -150,19 +150,9 @@ class Agent:
 
     def spawn(self, spec: dict[str, Any]) -> None:
         """Start one instance in its own session, with its environment over the agent's."""
-        env = dict(os.environ)
-        env.update(spec.get("env") or {})
-        env[RUN_ID_VAR] = self.token.decode().partition("=")[2]
+        env = {**(spec.get("env") or {}), RUN_ID_VAR: self.token.decode().partition("=")[2]}
         try:
-            proc = subprocess.Popen(
-                spec["argv"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=spec.get("cwd") or None,
-                start_new_session=True,
-            )
+            proc = popen_in_session(spec["argv"], env, spec.get("cwd"), subprocess.DEVNULL)
         except OSError as exc:
             what = str(spec["argv"][0] if exc.filename is None else exc.filename)
             why = f"cannot start {what!r}: {exc.strerror or exc}"
@@ -452,6 +442,22 @@ def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
             _write_all(1, b"R " + json.dumps(answer).encode() + b"\n")
 
 
+def popen_in_session(
+    argv: list[str], env: dict[str, str], cwd: str | None, stdin: int
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own (its process group can be signalled as a whole),
+    with ``env`` over the agent's environment and its output piped; OSError if it cannot."""
+    return subprocess.Popen(
+        argv,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+        cwd=cwd or None,
+        start_new_session=True,
+    )
+
+
 def put_request(request: dict[str, Any]) -> dict[str, Any]:
     """Write the request's ``files``; the reply's ``error`` is '' or what went wrong."""
     return {"id": request.get("id"), "error": write_files(request.get("files") or [])}
@@ -460,18 +466,9 @@ def put_request(request: dict[str, Any]) -> dict[str, Any]:
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Run one command to the end (its own session, killed at its timeout); its outcome."""
     reply: dict[str, Any] = {"id": request.get("id"), "timeout": False}
-    env = dict(os.environ)
-    env.update(request.get("env") or {})
     try:
-        proc = subprocess.Popen(
-            request["argv"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=request.get("cwd") or None,
-            start_new_session=True,
-        )
+        env, cwd = request.get("env") or {}, request.get("cwd")
+        proc = popen_in_session(request["argv"], env, cwd, subprocess.PIPE)
     except OSError as exc:
         return {**reply, "code": 127, "stdout": "", "stderr": f"{request['argv'][0]}: {exc}"}
     stdin = (request.get("stdin") or "").encode("utf-8", "surrogateescape")
