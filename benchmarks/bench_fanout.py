@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from installed import compile_package, console_script  # noqa: E402
 
-from poprun_py.spec import HostSpec  # noqa: E402
-from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
-from poprun_py.transport import ConnectionPool, SshSettings  # noqa: E402
+from poprun_py.core.spec import HostSpec  # noqa: E402
+from poprun_py.providers.netns import TestCluster, create_cluster, destroy_cluster  # noqa: E402
+from poprun_py.ssh.transport import ConnectionPool, SshSettings  # noqa: E402
 from tests.hostfixtures import session_tag  # noqa: E402
 
 FABRIC = (

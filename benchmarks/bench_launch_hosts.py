@@ -6,8 +6,8 @@
   (rendered by poprun-py, hostfile written, run with the same environment), Open MPI starting its
   daemons with its own ssh. Target: at most 1.1x. poprun-py's launch opens one connection per
   host and one agent session on it, which runs preflight, writes the job's files and then starts
-  Open MPI's daemon (``orted``) for mpirun's remote-shell agent (``poprun_py/rsh_shim.py``): one
-  login session per host, as by hand, where mpirun's ssh opens one per host.
+  Open MPI's daemon (``orted``) for mpirun's remote-shell agent (``poprun_py/agent/rsh_shim.py``):
+  one login session per host, as by hand, where mpirun's ssh opens one per host.
 
 The commands are interleaved round by round, so they see the same machine load. Then a
 breakdown of the ssh launch, in process: connections, preflight, the backend's run -- once with
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from installed import compile_package, console_script  # noqa: E402
 
-from poprun_py.testhosts import TestCluster, create_cluster, destroy_cluster  # noqa: E402
+from poprun_py.providers.netns import TestCluster, create_cluster, destroy_cluster  # noqa: E402
 from tests.hostfixtures import session_tag  # noqa: E402
 
 Command = tuple[list[str], dict[str, str]]
@@ -85,9 +85,9 @@ def commands(cluster: TestCluster, spec: Path, work: Path) -> dict[str, Command]
 
 def by_hand(cluster: TestCluster, spec: Path, job_dir: Path, env: dict[str, str]) -> Command:
     """The mpirun command poprun-py renders for this launch, with its files written."""
-    from poprun_py import launcher
-    from poprun_py.jobconfig import LaunchOptions, prepare
-    from poprun_py.supervise import write_job_files
+    from poprun_py.launch import launcher
+    from poprun_py.prepare.job import LaunchOptions, prepare
+    from poprun_py.process.supervise import write_job_files
 
     opts = LaunchOptions(
         program=("true",),
@@ -116,12 +116,12 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
     """Where an ssh launch's time goes, measured in process (no interpreter start-up): the
     launch with preflight on plain connections (a login session per host for the checks, then
     one for the agent) and with preflight run by the agents (one login session per host)."""
-    from poprun_py import launcher
     from poprun_py.backends.base import RunOptions
     from poprun_py.backends.ssh import AgentPool, SshBackend
-    from poprun_py.jobconfig import LaunchOptions, prepare
-    from poprun_py.preflight import preflight
-    from poprun_py.transport import ConnectionPool
+    from poprun_py.launch import launcher
+    from poprun_py.launch.preflight import preflight
+    from poprun_py.prepare.job import LaunchOptions, prepare
+    from poprun_py.ssh.transport import ConnectionPool
 
     opts = LaunchOptions(program=("true",), cluster=str(spec), backend="ssh", numa_aware=False)
     keys = ("connect", "exec", "pre-pool", "run-pool", "pre-agents", "run-agents")

@@ -62,7 +62,7 @@ def run_cli(manifest: str) -> tuple[float, float]:
 
 
 def in_process(manifest: str) -> float:
-    from poprun_py.jobconfig import LaunchOptions, prepare
+    from poprun_py.prepare.job import LaunchOptions, prepare
 
     opts = LaunchOptions(
         program=("train.py",),

@@ -18,11 +18,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.render import ARGV_LIMIT, ARGV_MAX, format_job, render_job
-from poprun_py.spec import EnvVar, JobSpec, cluster_from_hosts
-from poprun_py.topology import uniform
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import uniform
+from poprun_py.render.job import ARGV_LIMIT, ARGV_MAX, format_job, render_job
 
 PER_HOST = 8
 JOB_DIR = "/tmp/poprun-job"

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "parse_hosts": "poprun_py.hosts",
-    "LaunchPlan": "poprun_py.plan",
-    "make_plan": "poprun_py.plan",
-    "ClusterSpec": "poprun_py.spec",
-    "JobSpec": "poprun_py.spec",
-    "cluster_from_hosts": "poprun_py.spec",
+    "parse_hosts": "poprun_py.core.hosts",
+    "LaunchPlan": "poprun_py.core.plan",
+    "make_plan": "poprun_py.core.plan",
+    "ClusterSpec": "poprun_py.core.spec",
+    "JobSpec": "poprun_py.core.spec",
+    "cluster_from_hosts": "poprun_py.core.spec",
 }
 __all__ = [
     "ClusterSpec",
@@ -39,9 +39,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from poprun_py.hosts import parse_hosts
-    from poprun_py.plan import LaunchPlan, make_plan
-    from poprun_py.spec import ClusterSpec, JobSpec, cluster_from_hosts
+    from poprun_py.core.hosts import parse_hosts
+    from poprun_py.core.plan import LaunchPlan, make_plan
+    from poprun_py.core.spec import ClusterSpec, JobSpec, cluster_from_hosts
 
 
 def __getattr__(name: str) -> Any:

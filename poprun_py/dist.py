@@ -2,7 +2,7 @@
 
 PopDist-like getters (``getNumTotalReplicas`` ...) with snake_case aliases, plus poprun-py's own
 (``host_index``, ``shard_files``, ``replica_groups`` ...). Each reads the instance environment
-that :func:`poprun_py.env.instance_env` sets and falls back to a single process when nothing is
+that :func:`poprun_py.core.env.instance_env` sets and falls back to a single process when nothing is
 set: 1 replica, 1 instance, index 0, no shard. This module imports only the standard library
 (no typer, rich, jinja2, fabric, paramiko or pydantic), so it costs an instance next to nothing.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The names poprun_py.env.layout_env sets (tests/unit/test_dist.py checks they agree).
+# The names poprun_py.core.env.layout_env sets (tests/unit/test_dist.py checks they agree).
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
 NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
 INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"

@@ -1,4 +1,4 @@
-"""Pytest plugin: real test hosts (network namespaces + sshd) from poprun_py.testhosts.
+"""Pytest plugin: real test hosts (network namespaces + sshd) from poprun_py.providers.netns.
 
 Enable with ``pytest_plugins = ["tests.hostfixtures"]`` in tests/conftest.py. Fixtures:
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.testhosts import (
+from poprun_py.providers.netns import (
     DEFAULT_STATE_ROOT,
     TestCluster,
     can_create_hosts,

@@ -2,7 +2,7 @@
 
 Enable with ``pytest_plugins = ["tests.slurmfixtures"]`` in tests/conftest.py. Fixtures:
 
-- ``slurm_cluster``: a :class:`~poprun_py.testslurm.SlurmCluster` of three nodes, each a test host
+- ``slurm_cluster``: a :class:`~tests.slurmcluster.SlurmCluster` of three nodes, each a test host
   (network namespace with its own hostname and address) running its own slurmd; started once
   per session, stopped and removed at its end.
 - ``slurm_env``: for one test, ``SLURM_CONF`` of that cluster set in ``os.environ`` and any
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.testhosts import can_create_hosts, create_cluster, destroy_cluster, host_pids
-from poprun_py.testslurm import SlurmCluster, can_start_slurm, list_slurm, start_slurm, stop_slurm
+from poprun_py.providers.netns import can_create_hosts, create_cluster, destroy_cluster, host_pids
 from tests.hostfixtures import session_tag
+from tests.slurmcluster import SlurmCluster, can_start_slurm, list_slurm, start_slurm, stop_slurm
 
 SLURM_NODES = 3
 

@@ -1,6 +1,6 @@
 """The backend interface and the outcome types every backend returns.
 
-A backend takes a :class:`~poprun_py.render.RenderedJob` and runs it: as local processes, over
+A backend takes a :class:`~poprun_py.render.job.RenderedJob` and runs it: as local processes, over
 SSH, through ``mpirun`` or through ``srun``. Whatever happens, it returns (or raises
 ``LaunchFailed``/``Interrupted`` carrying) a :class:`LaunchResult` that keeps every instance's
 outcome, root cause first, and it leaves no process behind.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 
 @dataclass(frozen=True)

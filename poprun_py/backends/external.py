@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError
-from poprun_py.supervise import (
+from poprun_py.process.supervise import (
     LAUNCHER_INDEX,
     Child,
     FeedFactory,
@@ -28,7 +28,7 @@ from poprun_py.supervise import (
 )
 
 if TYPE_CHECKING:
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 
 def prepare_launcher(

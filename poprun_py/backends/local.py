@@ -1,16 +1,16 @@
 """The local backend: every instance is a process on this machine (simulated hosts included).
 
-Each rendered :class:`~poprun_py.render.InstanceCommand` is started as it is -- its argv
+Each rendered :class:`~poprun_py.render.job.InstanceCommand` is started as it is -- its argv
 already carries the ``numactl`` binding prefix when the plan binds CPUs -- with
-``os.environ`` plus the instance environment, and supervised by :mod:`poprun_py.supervise`.
+``os.environ`` plus the instance environment, and supervised by :mod:`poprun_py.process.supervise`.
 
 Example:
 
     >>> from poprun_py.backends.base import RunOptions
-    >>> from poprun_py.render import InstanceCommand, RenderedJob
-    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
-    >>> from poprun_py.hosts import parse_hosts
-    >>> from poprun_py.plan import make_plan
+    >>> from poprun_py.render.job import InstanceCommand, RenderedJob
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
     >>> import tempfile
     >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1")), JobSpec(("true",)))
     >>> cmd = InstanceCommand(0, "h1", ("true",), {}, None, "", "")
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.errors import BackendError
-from poprun_py.supervise import Child, Output, supervise, write_job_files
+from poprun_py.process.supervise import Child, Output, supervise, write_job_files
 
 if TYPE_CHECKING:
-    from poprun_py.render import InstanceCommand, RenderedJob
+    from poprun_py.render.job import InstanceCommand, RenderedJob
 
 NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
 

@@ -3,13 +3,13 @@
 Open MPI's ``--tag-output`` marks each chunk a rank writes with ``[jobid,rank]<stdout>:`` (or
 ``<stderr>:``/``<stddiag>:``); chunks are not lines, so a rank's line may arrive in several
 tagged pieces interleaved with other ranks'. :class:`TagDemux` undoes that and hands whole
-lines to the :class:`~poprun_py.supervise.Output` as ``[host:rank]`` lines of that instance
+lines to the :class:`~poprun_py.process.supervise.Output` as ``[host:rank]`` lines of that instance
 (and its log). Untagged lines are mpirun's own (index ``LAUNCHER_INDEX``, ``mpirun.log``); its
 failure report (``Process name: [[x,y],RANK]`` / ``Exit code: N``, or ``process rank R ...
 exited on signal S``) names the root cause.
 
 On remote hosts, Open MPI's daemons start through poprun-py's per-host agents (one login session
-per host for the whole launch; :mod:`poprun_py.backends.rsh_relay`), unless the user chose their
+per host for the whole launch; :mod:`poprun_py.agent.relay`), unless the user chose their
 own ``plm_rsh_agent``.
 
 Ctrl-C: SIGTERM goes to mpirun alone (it forwards it to the ranks), SIGKILL to its group after
@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from poprun_py.agent.relay import Lost, relayed
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
 from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
-from poprun_py.backends.rsh_relay import Lost, relayed
-from poprun_py.supervise import (
+from poprun_py.process.supervise import (
     LAUNCHER_INDEX,
     Child,
     Feed,
@@ -44,7 +44,7 @@ from poprun_py.supervise import (
 
 if TYPE_CHECKING:
     from poprun_py.backends.ssh import AgentPool
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 MPIRUN_MISSING = "mpirun not found on PATH; install Open MPI (Debian: openmpi-bin)"
 
@@ -159,8 +159,8 @@ class MpirunBackend:
     """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank.
 
     With ``agents`` (the hosts' agents of a remote launch) and a launcher that names
-    :mod:`poprun_py.rsh_shim` as Open MPI's remote agent, the daemons start through the agents
-    (:mod:`poprun_py.backends.rsh_relay`); a host they lose is its ranks' root cause.
+    :mod:`poprun_py.agent.rsh_shim` as Open MPI's remote agent, the daemons start through the agents
+    (:mod:`poprun_py.agent.relay`); a host they lose is its ranks' root cause.
     """
 
     name = "mpirun"

@@ -2,10 +2,11 @@
 
 ``srun --label`` prefixes every line a task writes with ``N: `` (its ``SLURM_PROCID``, padded
 to the width of the largest). :class:`LabelDemux` strips the label and hands the line to the
-:class:`~poprun_py.supervise.Output` as instance N's (``templates/srun.j2`` places task N exactly
-where the plan puts instance N), so it shows as ``[host:N]`` and lands in ``instance-N.log``.
-Unlabelled lines are srun's own (``srun.log``); :class:`TaskReport` reads how each task ended
-from them (``srun: error: HOST: tasks 0-1: Exited with exit code 3`` or a signal's name).
+:class:`~poprun_py.process.supervise.Output` as instance N's (``templates/srun.j2`` places task N
+exactly where the plan puts instance N), so it shows as ``[host:N]`` and lands in
+``instance-N.log``. Unlabelled lines are srun's own (``srun.log``); :class:`TaskReport` reads how
+each task ended from them (``srun: error: HOST: tasks 0-1: Exited with exit code 3`` or a signal's
+name).
 
 Failure: ``--kill-on-bad-exit=1`` makes Slurm end the step when one task fails; that task is the
 root cause (its own exit code becomes poprun-py's), the others are ``stopped``. Ctrl-C: SIGTERM
@@ -37,9 +38,9 @@ from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
 from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
+from poprun_py.backends.slurm_alloc import cancel_steps, step_names
 from poprun_py.errors import BackendError
-from poprun_py.slurm import cancel_steps, step_names
-from poprun_py.supervise import (
+from poprun_py.process.supervise import (
     LAUNCHER_INDEX,
     Child,
     Feed,
@@ -48,7 +49,7 @@ from poprun_py.supervise import (
 )
 
 if TYPE_CHECKING:
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 SRUN_MISSING = "srun not found on PATH; install Slurm's clients (Debian: slurm-client)"
 CLEANUP_TIMEOUT = 15.0

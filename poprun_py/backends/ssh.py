@@ -1,16 +1,16 @@
 """The ssh backend: every host's instances run under one agent started over that host's connection.
 
-Per host, one channel on the host's existing connection runs :mod:`poprun_py.remote_agent`
+Per host, one channel on the host's existing connection runs :mod:`poprun_py.agent.host`
 (its source travels over stdin, so nothing is installed remotely). :class:`AgentPool` starts the
 agents and can first run preflight's commands through them (it answers ``map``/``run`` like a
-:class:`~poprun_py.transport.ConnectionPool`), so a whole launch -- preflight, staging, start --
+:class:`~poprun_py.ssh.transport.ConnectionPool`), so a whole launch -- preflight, staging, start --
 costs one login session per host. The agent then gets the host's part of the job as one JSON
 line on stdin -- shard files, ``job.files`` and every instance's argv, environment and cwd, so
 no environment value (secrets included) is ever in an argv or in ``ps`` -- writes the files
 (0600), starts each instance in its own process group, reports ``p IDX PID`` first, then
 streams tagged output lines and each exit. For other launchers (mpirun), :func:`stage_job`
 writes the job's files through the same agents (``put`` requests), and
-:mod:`poprun_py.backends.rsh_relay` gives each agent Open MPI's daemon as its job.
+:mod:`poprun_py.agent.relay` gives each agent Open MPI's daemon as its job.
 
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
 makes every agent SIGTERM its instances' groups, and SIGKILL after the grace period;
@@ -48,17 +48,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poprun_py import remote_agent
+from poprun_py.agent import host as remote_agent
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
 from poprun_py.errors import Fault, PreflightError
-from poprun_py.supervise import Output
+from poprun_py.process.supervise import Output
 
 if TYPE_CHECKING:
     import paramiko
 
-    from poprun_py.render import RenderedJob
-    from poprun_py.spec import HostSpec
-    from poprun_py.transport import Connection, ConnectionPool, RemoteResult, SshSettings
+    from poprun_py.core.spec import HostSpec
+    from poprun_py.render.job import RenderedJob
+    from poprun_py.ssh.transport import Connection, ConnectionPool, RemoteResult, SshSettings
 
 T = TypeVar("T")
 HEARTBEAT = 0.5  # both ways: seconds of silence after which a side says "h"
@@ -94,7 +94,7 @@ class SshBackend:
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Start (or reuse) every host's agent, supervise the job to the end, report all."""
-        from poprun_py.transport import ConnectionPool
+        from poprun_py.ssh.transport import ConnectionPool
 
         given = self._given
         if isinstance(given, AgentPool):
@@ -150,7 +150,7 @@ class AgentPool:
 
     def agent_on(self, host: str) -> AgentConnection:
         """The agent on ``host``, over its open connection; ConnectionLost when it has none."""
-        from poprun_py.transport import ConnectionLost
+        from poprun_py.ssh.transport import ConnectionLost
 
         conn = self.pool.connections.get(host)
         if conn is None:
@@ -233,7 +233,7 @@ class AgentConnection:
         cwd: str | None,
         timeout: float | None,
     ) -> RemoteResult:
-        from poprun_py.transport import RemoteResult, RemoteTimeout
+        from poprun_py.ssh.transport import RemoteResult, RemoteTimeout
 
         started = time.monotonic()
         self._requests += 1
@@ -285,7 +285,7 @@ class AgentConnection:
         return data, ended
 
     def _reply(self, deadline: float | None) -> bytes:
-        from poprun_py.transport import ConnectionLost, RemoteTimeout
+        from poprun_py.ssh.transport import ConnectionLost, RemoteTimeout
 
         while True:
             while b"\n" in self.buffer:
@@ -573,7 +573,7 @@ class _Run:
             self.lose(link, link.why_lost())
 
     def record(self, link: AgentLink, record: bytes) -> None:
-        """Act on one agent record (see :mod:`poprun_py.remote_agent`)."""
+        """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
         kind, _, rest = record.partition(b" ")
         if kind == b"d":
             self.forget(link)

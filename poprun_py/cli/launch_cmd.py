@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
-from poprun_py.jobconfig import LaunchOptions, Prepared, prepare
+from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 if TYPE_CHECKING:
     from poprun_py.backends.base import LaunchResult
-    from poprun_py.plan import LaunchPlan
+    from poprun_py.core.plan import LaunchPlan
 
 
 _RETAINED: list[object] = []
@@ -125,7 +125,7 @@ for _mode in ("plan", "render", "launch"):
 
 def show_plan(plan: "LaunchPlan", fmt: str) -> None:
     """Print the plan: PopRun's topology table, a summary and the per-instance table, or JSON."""
-    from poprun_py import display
+    from poprun_py.core import views as display
 
     if fmt == "json":
         json.dump(display.plan_dict(plan), sys.stdout, separators=(",", ":"))
@@ -143,8 +143,8 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
 
 
 def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
-    from poprun_py import launcher
-    from poprun_py.render import format_job, job_dict
+    from poprun_py.launch import launcher
+    from poprun_py.render.job import format_job, job_dict
 
     if prep.backend == "slurm" and not with_plan and fmt == "table" and not _in_allocation():
         sys.stdout.write(_batch_script(prep, output_dir))
@@ -166,15 +166,15 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
 def _in_allocation() -> bool:
     import os
 
-    from poprun_py.slurm import current_allocation
+    from poprun_py.backends.slurm_alloc import current_allocation
 
     return current_allocation(os.environ) is not None
 
 
 def _batch_script(prep: Prepared, output_dir: str | None) -> str:
     """An sbatch script that runs this same launch inside the allocation it asks for."""
-    from poprun_py import launcher
-    from poprun_py.slurm import batch_script
+    from poprun_py.backends.slurm_alloc import batch_script
+    from poprun_py.launch import launcher
 
     return batch_script(
         launcher.slurm_request(prep),
@@ -224,8 +224,8 @@ def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
     known_hosts: str | None,
     sync: bool,
 ) -> None:
-    from poprun_py import launcher
     from poprun_py.errors import Interrupted, LaunchFailed
+    from poprun_py.launch import launcher
 
     if only_from is not None and only_from >= prep.plan.num_instances:
         raise UsageError(

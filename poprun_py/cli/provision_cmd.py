@@ -25,8 +25,8 @@ from poprun_py.cli.app import app, console
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
+    from poprun_py.core.spec import ClusterSpec
     from poprun_py.providers.lifecycle import ClusterStatus
-    from poprun_py.spec import ClusterSpec
 
 ClusterArg = Annotated[
     str,
@@ -97,7 +97,7 @@ class RichReporter:
 
 
 def _load(path: str) -> ClusterSpec:
-    from poprun_py.specfile import load_cluster
+    from poprun_py.prepare.specfile import load_cluster
 
     return load_cluster(path)
 

@@ -28,10 +28,10 @@ from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
-    from poprun_py.hostexec import LineFn
-    from poprun_py.spec import ClusterSpec
-    from poprun_py.sync import SyncReport
-    from poprun_py.transport import ConnectionPool, SshSettings
+    from poprun_py.core.spec import ClusterSpec
+    from poprun_py.ssh.fanout import LineFn
+    from poprun_py.ssh.sync import SyncReport
+    from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 H_SSH = "SSH"
 
@@ -91,7 +91,7 @@ def exec_cmd(
     user: User = None,
 ) -> None:
     """Run a command on every host in parallel; exit with the worst host's code."""
-    from poprun_py.hostexec import gathered, problems, run_everywhere, worst_exit_code
+    from poprun_py.ssh.fanout import gathered, problems, run_everywhere, worst_exit_code
 
     if not command:
         raise UsageError("exec needs a command: poprun-py exec --hosts H -- CMD [ARGS]...")
@@ -150,7 +150,7 @@ def sync_cmd(
     user: User = None,
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""
-    from poprun_py.sync import METHODS
+    from poprun_py.ssh.sync import METHODS
 
     if method not in METHODS:
         raise UsageError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
@@ -175,7 +175,7 @@ def _sync_with_progress(
 ) -> SyncReport:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from poprun_py.sync import sync
+    from poprun_py.ssh.sync import sync
 
     done: dict[str, int] = {}
     lock = threading.Lock()
@@ -214,7 +214,7 @@ def _connected(
     user: str | None,
 ) -> Iterator[ConnectionPool]:
     """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
-    from poprun_py.transport import ConnectionPool
+    from poprun_py.ssh.transport import ConnectionPool
 
     spec = target_cluster(hosts, cluster)
     settings = ssh_settings(
@@ -232,12 +232,12 @@ def _connected(
 
 def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
     """The hosts named by ``--hosts`` (with what ``--cluster`` says of them) or ``--cluster``."""
-    from poprun_py.hosts import parse_hosts, read_hostfile
-    from poprun_py.spec import cluster_from_hosts
+    from poprun_py.core.hosts import parse_hosts, read_hostfile
+    from poprun_py.core.spec import cluster_from_hosts
 
     base = None
     if cluster:
-        from poprun_py.specfile import load_cluster
+        from poprun_py.prepare.specfile import load_cluster
 
         base = load_cluster(cluster)
     if hosts:
@@ -262,8 +262,8 @@ def ssh_settings(
     user: str | None,
 ) -> SshSettings:
     """Flags first, then the cluster spec, then the defaults."""
-    from poprun_py.jobconfig import DEFAULT_CONNECT_TIMEOUT
-    from poprun_py.transport import SshSettings
+    from poprun_py.prepare.job import DEFAULT_CONNECT_TIMEOUT
+    from poprun_py.ssh.transport import SshSettings
 
     known = known_hosts or spec.known_hosts
     config = ssh_config or spec.ssh_config

@@ -46,10 +46,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError, UsageError
 from poprun_py.providers.awserrors import as_provision_error
 from poprun_py.providers.base import Node, ProvisionContext, ProvisionRecord, Resource
-from poprun_py.spec import ClusterSpec, ProviderSpec
 
 TAG_CLUSTER = "poprun-py:cluster"
 TAG_OWNER = "poprun-py:owner"

@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from poprun_py.spec import HostSpec, ProviderSpec
+from poprun_py.core.spec import HostSpec, ProviderSpec
 
 if TYPE_CHECKING:
+    from poprun_py.core.spec import ClusterSpec
     from poprun_py.providers.state import ClusterState
-    from poprun_py.spec import ClusterSpec
 
 SSH_PORT = 22
 

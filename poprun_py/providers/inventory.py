@@ -9,7 +9,7 @@ blocks are left out: the inventory describes machines that exist.
 Example:
 
     >>> from poprun_py.providers.base import Node, ProvisionRecord
-    >>> from poprun_py.spec import ClusterSpec
+    >>> from poprun_py.core.spec import ClusterSpec
     >>> record = ProvisionRecord("demo", "local", nodes=(Node("pa1", "198.18.3.11", "root"),),
     ...                          known_hosts="/state/demo.known_hosts")
     >>> print(inventory_text(ClusterSpec("demo", ()), record), end="")
@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from poprun_py.core.spec import ClusterSpec, Defaults, HostSpec
+from poprun_py.core.topology import Topology, format_cpulist
 from poprun_py.providers.base import Node, ProvisionRecord
-from poprun_py.spec import ClusterSpec, Defaults, HostSpec
-from poprun_py.topology import Topology, format_cpulist
 
 
 def inventory_dict(spec: ClusterSpec, record: ProvisionRecord) -> dict[str, Any]:

@@ -8,7 +8,7 @@ harmless. ``status``: every cluster with a state file, its nodes refreshed from 
 
 Example (as root, with the local provider)::
 
-    from poprun_py.specfile import load_cluster
+    from poprun_py.prepare.specfile import load_cluster
     result = up(load_cluster("clusters/testhosts-4.yaml"))
     print(result.inventory)       # ~/.local/state/poprun-py/clusters/testhosts-4.inventory.yaml
     down(load_cluster("clusters/testhosts-4.yaml"))
@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import PoprunError, ProvisionError
 from poprun_py.providers import get_provider
 from poprun_py.providers.base import (
@@ -33,7 +34,6 @@ from poprun_py.providers.base import (
 from poprun_py.providers.inventory import inventory_text
 from poprun_py.providers.setup import SetupOutcome, run_setup, script_digest
 from poprun_py.providers.state import ClusterState, list_states, write_private
-from poprun_py.spec import ClusterSpec, ProviderSpec
 
 
 @dataclass(frozen=True)

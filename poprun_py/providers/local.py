@@ -1,8 +1,8 @@
 """The local provider: real hosts on this machine (network namespaces with sshd), via testhosts.
 
 ``up`` creates ``num_nodes`` hosts named ``<host_prefix>1..N`` (each its own address in
-198.18.0.0/15, hostname and sshd) with :func:`poprun_py.testhosts.create_cluster`, copies their
-host keys into the cluster's ``known_hosts`` in the state directory (so later SSH checks keys
+198.18.0.0/15, hostname and sshd) with :func:`poprun_py.providers.netns.create_cluster`, copies
+their host keys into the cluster's ``known_hosts`` in the state directory (so later SSH checks keys
 strictly, no ``--accept-new-host-keys``), and reuses a healthy cluster of the same shape on the
 next ``up``; a half-created one (killed ``up``) is destroyed and made again. ``down`` destroys the
 hosts by name, which also works without a state file. Needs root.
@@ -23,11 +23,11 @@ import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError, UsageError
 from poprun_py.providers.base import Node, ProvisionContext, ProvisionRecord, Resource
+from poprun_py.providers.netns import DEFAULT_STATE_ROOT, TestCluster
 from poprun_py.providers.state import write_private
-from poprun_py.spec import ClusterSpec, ProviderSpec
-from poprun_py.testhosts import DEFAULT_STATE_ROOT, TestCluster
 
 WAIT_TIMEOUT = 30.0
 DEFAULT_PREFIX = "h"
@@ -66,7 +66,7 @@ class LocalProvider:
 
     def create(self, spec: ClusterSpec, ctx: ProvisionContext) -> ProvisionRecord:
         """Create the hosts, or reuse a healthy cluster of the same shape."""
-        from poprun_py.testhosts import can_create_hosts
+        from poprun_py.providers.netns import can_create_hosts
 
         name = _check_name(spec.name)
         count, prefix = _shape(spec)
@@ -96,7 +96,12 @@ class LocalProvider:
     def _reuse(
         self, name: str, count: int, prefix: str, ctx: ProvisionContext
     ) -> TestCluster | None:
-        from poprun_py.testhosts import destroy_cluster, host_pids, list_clusters, load_cluster
+        from poprun_py.providers.netns import (
+            destroy_cluster,
+            host_pids,
+            list_clusters,
+            load_cluster,
+        )
 
         if name not in list_clusters(self._root):
             return None
@@ -118,7 +123,7 @@ class LocalProvider:
         return cluster
 
     def _make(self, name: str, count: int, prefix: str, ctx: ProvisionContext) -> TestCluster:
-        from poprun_py.testhosts import create_cluster
+        from poprun_py.providers.netns import create_cluster
 
         ctx.reporter.start("creating local hosts", count)
         cluster = create_cluster(name, count, state_root=self._root, host_prefix=prefix)
@@ -128,7 +133,7 @@ class LocalProvider:
 
     def list_nodes(self, record: ProvisionRecord) -> tuple[Node, ...]:
         """The recorded hosts; ``running`` while their namespace has processes, else ``gone``."""
-        from poprun_py.testhosts import host_pids
+        from poprun_py.providers.netns import host_pids
 
         return tuple(
             replace(n, state="running" if host_pids(n.resource_id) else "gone")
@@ -151,8 +156,8 @@ class LocalProvider:
         self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext
     ) -> tuple[Resource, ...]:
         """Destroy the hosts (by name) and the setup directories they left in this $HOME."""
+        from poprun_py.providers.netns import destroy_cluster, list_clusters
         from poprun_py.providers.setup import MARKER_ROOT
-        from poprun_py.testhosts import destroy_cluster, list_clusters
 
         name = _check_name(spec.name)
         removed: list[Resource] = []

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
+from poprun_py.core.spec import ClusterSpec, HostSpec, ProviderSpec
 from poprun_py.errors import UsageError
 from poprun_py.providers.base import SSH_PORT, Node, ProvisionContext, ProvisionRecord, Resource
-from poprun_py.spec import ClusterSpec, HostSpec, ProviderSpec
 
 WAIT_TIMEOUT = 30.0
 

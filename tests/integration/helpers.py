@@ -28,16 +28,16 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import render
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.local import LocalBackend
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.proctree import alive
-from poprun_py.shard import InputFile, InputSet
-from poprun_py.spec import JobSpec, cluster_from_hosts
-from poprun_py.testhosts import TestCluster, TestHost, host_pids
-from poprun_py.topology import Topology
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.shard import InputFile, InputSet
+from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.core.topology import Topology
+from poprun_py.process.proctree import alive
+from poprun_py.providers.netns import TestCluster, TestHost, host_pids
+from poprun_py.render.job import job as render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

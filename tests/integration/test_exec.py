@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.testhosts import TestCluster
+from poprun_py.providers.netns import TestCluster
 
 pytestmark = pytest.mark.hosts
 

@@ -126,7 +126,7 @@ def test_signal_handlers_are_restored_after_a_run(tmp_path: Path) -> None:
 
 
 def test_without_pidfds_exits_are_polled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from poprun_py import supervise
+    from poprun_py.process import supervise
 
     monkeypatch.setattr(supervise, "open_pidfd", lambda pid: None)
     marker = unique_sleep()
@@ -140,7 +140,7 @@ def test_without_pidfds_exits_are_polled(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("new_session", [True, False], ids=["session", "group"])
 def test_supervise_stops_groups_and_escapees_in_either_mode(new_session: bool) -> None:
     from poprun_py.backends.base import RunOptions
-    from poprun_py.supervise import Child, Output, supervise
+    from poprun_py.process.supervise import Child, Output, supervise
 
     marker = unique_sleep()
     sleeper = f"setsid sleep {marker} & exec sleep {marker}"
@@ -157,7 +157,7 @@ def test_supervise_stops_groups_and_escapees_in_either_mode(new_session: bool) -
 @pytest.mark.parametrize("new_session", [True, False], ids=["session", "group"])
 def test_each_child_leads_its_own_group_and_session_when_asked(new_session: bool) -> None:
     from poprun_py.backends.base import RunOptions
-    from poprun_py.supervise import Child, Output, supervise
+    from poprun_py.process.supervise import Child, Output, supervise
 
     code = "import os; print(os.getpgrp() == os.getpid(), os.getsid(0) == os.getpid())"
     lines: list[str] = []

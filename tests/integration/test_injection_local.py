@@ -19,9 +19,9 @@ import pytest
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.local import LocalBackend
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.plan import LaunchPlan
-from poprun_py.shard import InputFile, InputSet
-from poprun_py.spec import EnvVar
+from poprun_py.core.plan import LaunchPlan
+from poprun_py.core.shard import InputFile, InputSet
+from poprun_py.core.spec import EnvVar
 from tests.integration.helpers import EXAMPLES, make_job, mpirun_job, need_mpi, plan_for
 
 NASTY = [

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.proctree import alive
-from poprun_py.testhosts import TestCluster, host_pids
+from poprun_py.process.proctree import alive
+from poprun_py.providers.netns import TestCluster, host_pids
 from tests.integration.helpers import marked_on, sessions_started
 
 pytestmark = pytest.mark.hosts

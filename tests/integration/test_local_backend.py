@@ -14,9 +14,9 @@ import pytest
 
 from poprun_py.backends.base import RunOptions
 from poprun_py.backends.local import LocalBackend
+from poprun_py.core.shard import InputFile, InputSet
+from poprun_py.core.topology import Topology, parse_sysfs_nodes
 from poprun_py.errors import BackendError
-from poprun_py.shard import InputFile, InputSet
-from poprun_py.topology import Topology, parse_sysfs_nodes
 from tests.integration.helpers import (
     EXAMPLES,
     REPO,

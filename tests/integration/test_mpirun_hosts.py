@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.agent.rsh_shim import agent_command, mpirun_args
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.backends.ssh import AgentPool, stage_job
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.render import RenderedJob, render_job
-from poprun_py.rsh_shim import agent_command, mpirun_args
-from poprun_py.spec import ClusterSpec, HostSpec, JobSpec
-from poprun_py.testhosts import TestCluster, host_pids
-from poprun_py.transport import ConnectionPool, SshSettings
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
+from poprun_py.providers.netns import TestCluster, host_pids
+from poprun_py.render.job import RenderedJob, render_job
+from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import marked_on, need_mpi, sessions_started, stray_pids
 
@@ -206,7 +206,7 @@ import json, sys
 from pathlib import Path
 from poprun_py.backends.base import RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.testhosts import load_cluster
+from poprun_py.providers.netns import load_cluster
 from tests.integration.test_mpirun_hosts import mpirun_job, plan_on, staged
 
 cluster = load_cluster(sys.argv[1])

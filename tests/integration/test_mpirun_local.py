@@ -11,9 +11,9 @@ import pytest
 
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.mpirun import MPIRUN_MISSING, FailureReport, MpirunBackend, TagDemux
+from poprun_py.core.plan import LaunchPlan
 from poprun_py.errors import BackendError
-from poprun_py.plan import LaunchPlan
-from poprun_py.supervise import LAUNCHER_INDEX, Output
+from poprun_py.process.supervise import LAUNCHER_INDEX, Output
 from tests.integration.helpers import (
     EXAMPLES,
     example_inputs,

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import make_plan
+from poprun_py.core.spec import HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.errors import PreflightError
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import make_plan
-from poprun_py.preflight import Checks, format_faults, preflight
-from poprun_py.probe import discover_local
-from poprun_py.spec import HostSpec, JobSpec, cluster_from_hosts
-from poprun_py.testhosts import TestCluster
-from poprun_py.transport import ConnectionPool, SshSettings
+from poprun_py.launch.preflight import Checks, format_faults, preflight
+from poprun_py.prepare.discover import discover_local
+from poprun_py.providers.netns import TestCluster
+from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 pytestmark = pytest.mark.hosts
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError
+from poprun_py.prepare.specfile import load_cluster
 from poprun_py.providers.aws import AwsProvider, default_client, default_owner
 from poprun_py.providers.lifecycle import down, status, up
 from poprun_py.providers.state import ClusterState
-from poprun_py.spec import ClusterSpec, ProviderSpec
-from poprun_py.specfile import load_cluster
 from tests.integration.helpers import poprun_cli
 from tests.motofixtures import AwsEnv, Ec2Proxy
 

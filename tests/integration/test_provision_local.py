@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.core.spec import ClusterSpec, HostSpec, ProviderSpec
 from poprun_py.errors import ProvisionError
+from poprun_py.prepare.specfile import load_cluster
 from poprun_py.providers.lifecycle import down, up
 from poprun_py.providers.local import LocalProvider
+from poprun_py.providers.netns import TestCluster, destroy_cluster, host_pids, list_clusters
 from poprun_py.providers.reach import wait_for_ssh
 from poprun_py.providers.setup import MARKER_ROOT
-from poprun_py.spec import ClusterSpec, HostSpec, ProviderSpec
-from poprun_py.specfile import load_cluster
-from poprun_py.testhosts import TestCluster, destroy_cluster, host_pids, list_clusters
-from poprun_py.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster, require_hosts, session_tag
 from tests.integration.helpers import poprun_cli
 

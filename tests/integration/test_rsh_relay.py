@@ -1,5 +1,5 @@
 """The relay between the rsh shim and the hosts' agents, on this machine: the real shim script,
-the real relay, and real agents (``python -m poprun_py.remote_agent``) behind a fake SSH channel
+the real relay, and real agents (``python -m poprun_py.agent.host``) behind a fake SSH channel
 -- the seam is the paramiko channel. No test hosts needed."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from poprun_py import rsh_shim
-from poprun_py.backends.rsh_relay import RshRelay
+from poprun_py.agent import rsh_shim
+from poprun_py.agent.relay import RshRelay
 from poprun_py.backends.ssh import AgentConnection, Timing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ class PipeChannel:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "poprun_py.remote_agent"],
+            [sys.executable, "-m", "poprun_py.agent.host"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import slurm
+from poprun_py.backends import slurm_alloc as slurm
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.slurm import SlurmBackend
-from poprun_py.hosts import parse_hosts, slurm_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.probe import discover_local
-from poprun_py.render import render_job
-from poprun_py.spec import EnvVar, JobSpec, cluster_from_hosts
-from poprun_py.testhosts import host_pids
-from poprun_py.testslurm import SlurmCluster
+from poprun_py.core.hosts import parse_hosts, slurm_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.prepare.discover import discover_local
+from poprun_py.providers.netns import host_pids
+from poprun_py.render.job import render_job
+from tests.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.hosts]
 
@@ -51,14 +51,14 @@ DRIVER = textwrap.dedent(
     # plan, render, run the step; exit with the result's code.
     import json, os, sys
     from pathlib import Path
-    from poprun_py import slurm
+    from poprun_py.backends import slurm_alloc as slurm
     from poprun_py.backends.base import RunOptions
     from poprun_py.backends.slurm import SlurmBackend
-    from poprun_py.hosts import parse_hosts
-    from poprun_py.plan import make_plan
-    from poprun_py.probe import discover_local
-    from poprun_py.render import render_job
-    from poprun_py.spec import EnvVar, JobSpec, cluster_from_hosts
+    from poprun_py.core.hosts import parse_hosts
+    from poprun_py.core.plan import make_plan
+    from poprun_py.prepare.discover import discover_local
+    from poprun_py.render.job import render_job
+    from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
 
     out_dir, marker, *program = sys.argv[1:]
     Path(out_dir, "driver.pid").write_text(str(os.getpid()))

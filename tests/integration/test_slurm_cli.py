@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.testslurm import SlurmCluster
+from tests.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

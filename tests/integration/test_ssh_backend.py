@@ -22,13 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import remote_agent, render, supervise
+from poprun_py.agent import host as remote_agent
 from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.ssh import AGENT_START, AgentPool, SshBackend, agent_payload
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
-from poprun_py.testhosts import TestCluster, host_pids
-from poprun_py.transport import ConnectionPool, SshSettings
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.process import supervise
+from poprun_py.providers.netns import TestCluster, host_pids
+from poprun_py.render.job import job as render
+from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import strays
 
@@ -135,7 +137,7 @@ def _cmdlines(pids: list[int]) -> list[str]:
 def agent(header: dict[str, object], *args: str) -> subprocess.Popen[bytes]:
     """The agent as a local process, its header already sent; stdin stays open."""
     proc = subprocess.Popen(
-        [PY, "-m", "poprun_py.remote_agent", *args],
+        [PY, "-m", "poprun_py.agent.host", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
@@ -293,7 +295,7 @@ def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
 
 def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [PY, "-m", "poprun_py.remote_agent"],
+        [PY, "-m", "poprun_py.agent.host"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
@@ -332,7 +334,7 @@ def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
 
 
 def test_agent_without_a_job_exits_when_stdin_closes() -> None:
-    proc = subprocess.Popen([PY, "-m", "poprun_py.remote_agent"], stdin=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen([PY, "-m", "poprun_py.agent.host"], stdin=subprocess.PIPE, cwd=REPO)
     assert proc.stdin is not None
     proc.stdin.close()
     assert proc.wait(timeout=5) == 0
@@ -389,7 +391,7 @@ def _with_shards(job: render.RenderedJob) -> render.RenderedJob:
 def test_preflight_and_the_job_share_one_agent_session_per_host(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
-    from poprun_py.preflight import preflight
+    from poprun_py.launch.preflight import preflight
 
     plan = plan_on(test_cluster_4, ["sh", "-c", "echo $PPID"])
     with ConnectionPool([h.spec for h in plan.hosts], settings_for(test_cluster_4)) as pool:
@@ -511,9 +513,9 @@ import json, sys
 from pathlib import Path
 from poprun_py.backends.base import RunOptions
 from poprun_py.backends.ssh import SshBackend
-from poprun_py.testhosts import load_cluster
+from poprun_py.providers.netns import load_cluster
 from tests.integration.test_ssh_backend import make_job, plan_on, settings_for
-from poprun_py.transport import ConnectionPool
+from poprun_py.ssh.transport import ConnectionPool
 
 cluster = load_cluster(sys.argv[1])
 plan = plan_on(cluster, json.loads(sys.argv[2]))

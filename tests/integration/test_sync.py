@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
-from poprun_py.spec import HostSpec
-from poprun_py.sync import sync
-from poprun_py.testhosts import TestCluster
-from poprun_py.transport import ConnectionPool, SshSettings
+from poprun_py.providers.netns import TestCluster
+from poprun_py.ssh.sync import sync
+from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 pytestmark = pytest.mark.hosts
 

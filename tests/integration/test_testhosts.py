@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from poprun_py.errors import ProvisionError
-from poprun_py.proctree import alive as live_pids
-from poprun_py.testhosts import (
+from poprun_py.process.proctree import alive as live_pids
+from poprun_py.providers.netns import (
     TestCluster,
     create_cluster,
     destroy_cluster,

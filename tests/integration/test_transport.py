@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
-from poprun_py.preflight import preflight
-from poprun_py.spec import HostSpec
-from poprun_py.testhosts import TestCluster
-from poprun_py.transport import ConnectionPool, RemoteTimeout, SshSettings
+from poprun_py.launch.preflight import preflight
+from poprun_py.providers.netns import TestCluster
+from poprun_py.ssh.transport import ConnectionPool, RemoteTimeout, SshSettings
 from tests.integration.helpers import sshd_log_count
 
 pytestmark = pytest.mark.hosts

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from poprun_py import dist
-from poprun_py.env import instance_env, shard_text
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.shard import InputFile, InputSet
-from poprun_py.spec import JobSpec, cluster_from_hosts
-from poprun_py.topology import uniform
+from poprun_py.core.env import instance_env, shard_text
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.shard import InputFile, InputSet
+from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.core.topology import uniform
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("typer", "rich", "fabric", "paramiko", "jinja2", "pydantic", "poprun_py.cli")

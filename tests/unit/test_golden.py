@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.render import format_job, render_job
-from poprun_py.shard import InputSet
-from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
-from poprun_py.topology import uniform
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.shard import InputSet
+from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import uniform
+from poprun_py.render.job import format_job, render_job
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 JOB_DIR = "/tmp/poprun-job"

@@ -2,8 +2,8 @@
 
 import pytest
 
+from poprun_py.core.hosts import HostEntry, parse_hostfile_text, parse_hosts, slurm_hosts
 from poprun_py.errors import HostExprError
-from poprun_py.hosts import HostEntry, parse_hostfile_text, parse_hosts, slurm_hosts
 
 
 def names(expr: str) -> list[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import launcher
-from poprun_py.jobconfig import LaunchOptions, prepare
-from poprun_py.rsh_shim import SOCKET_VAR, agent_command
+from poprun_py.agent.rsh_shim import SOCKET_VAR, agent_command
+from poprun_py.launch import launcher
+from poprun_py.prepare.job import LaunchOptions, prepare
 
 
 def mpirun_argv(tmp_path: Path, hosts: str, mpi_args: str | None = None) -> tuple[str, ...]:

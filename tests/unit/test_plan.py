@@ -2,13 +2,13 @@
 
 import pytest
 
+from poprun_py.core.hosts import HostEntry, parse_hosts
+from poprun_py.core.plan import make_plan, replan_with_topologies
+from poprun_py.core.shard import InputSet
+from poprun_py.core.spec import ClusterSpec, Defaults, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import uniform
 from poprun_py.errors import PlanError
-from poprun_py.hosts import HostEntry, parse_hosts
-from poprun_py.plan import make_plan, replan_with_topologies
-from poprun_py.shard import InputSet
-from poprun_py.spec import ClusterSpec, Defaults, JobSpec, cluster_from_hosts
-from poprun_py.specfile import load_cluster
-from poprun_py.topology import uniform
+from poprun_py.prepare.specfile import load_cluster
 
 POD = uniform(8, 16, 2)  # 8 NUMA nodes x 16 CPUs, 2 devices each
 
@@ -150,7 +150,7 @@ def test_plan_is_deterministic() -> None:
 
 
 def test_sync_root_is_the_scripts_directory_never_an_argument_directory(tmp_path) -> None:
-    from poprun_py.launcher import sync_root
+    from poprun_py.launch.launcher import sync_root
 
     script = tmp_path / "proj" / "train.py"
     script.parent.mkdir()

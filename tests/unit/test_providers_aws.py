@@ -11,10 +11,10 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError, UsageError
 from poprun_py.providers.aws import AwsProvider, AwsSettings, resolve_settings, run_request
 from poprun_py.providers.awserrors import CLIENT_ERRORS, explain, explain_botocore
-from poprun_py.spec import ClusterSpec, ProviderSpec
 
 FULL = ProviderSpec(
     kind="aws",

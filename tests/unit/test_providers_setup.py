@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.core.spec import HostSpec
 from poprun_py.errors import ProvisionError
 from poprun_py.providers.reach import ProbeFatal, wait_for_ssh
 from poprun_py.providers.setup import (
@@ -20,7 +21,6 @@ from poprun_py.providers.setup import (
     script_digest,
     setup_argv,
 )
-from poprun_py.spec import HostSpec
 
 
 def run_here(argv: list[str], home: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:

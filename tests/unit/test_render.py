@@ -1,4 +1,4 @@
-"""Tests for poprun_py.render: argv lists, per-instance environments, bindings, launchers.
+"""Tests for poprun_py.render.job: argv lists, per-instance environments, bindings, launchers.
 
 Launcher argv lists are parsed back the way each launcher reads them (Open MPI's command line,
 its appfile, hydra's command line) and compared with what every instance must get. The tests
@@ -20,11 +20,14 @@ from typing import Any
 
 import pytest
 
-from poprun_py import env as instance_env
+from poprun_py.core import env as instance_env
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import RenderError, UnknownNameError
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.render import (
+from poprun_py.providers.netns import TestCluster
+from poprun_py.render.job import (
     ARGV_LIMIT,
     EXEC_ARGV,
     EXEC_VAR,
@@ -36,9 +39,6 @@ from poprun_py.render import (
     render_job,
     render_template,
 )
-from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
-from poprun_py.testhosts import TestCluster
-from poprun_py.topology import NumaNode, Topology, uniform
 
 JOB_DIR = "/tmp/poprun-job"
 SECRET = "hunter2-very-secret"
@@ -539,7 +539,7 @@ def test_file_written_twice_or_with_a_path_is_a_render_error(tmp_path: Path) -> 
 
 
 def test_importing_render_does_not_import_jinja2() -> None:
-    code = "import sys, poprun_py.render; sys.exit('jinja2' in sys.modules)"
+    code = "import sys, poprun_py.render.job; sys.exit('jinja2' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60, check=False).returncode == 0
 
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from poprun_py.core.shard import InputFile, InputSet, assign_shards, parse_manifest
 from poprun_py.errors import InputError
-from poprun_py.shard import InputFile, InputSet, assign_shards, parse_manifest
 
 
 def random_files(n: int, seed: int) -> list[InputFile]:

@@ -1,4 +1,4 @@
-"""poprun_py.shellwords.split gives exactly shlex.split's words and errors."""
+"""poprun_py.core.shellwords.split gives exactly shlex.split's words and errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from poprun_py.shellwords import split
+from poprun_py.core.shellwords import split
 
 ALPHABET = "ab \t\n\r'\"\\$`;#é\x0b\x0c"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py import slurm
+from poprun_py.backends import slurm_alloc as slurm
 from poprun_py.backends.base import RunOptions
 from poprun_py.backends.slurm import (
     BIND_HINT,
@@ -22,14 +22,14 @@ from poprun_py.backends.slurm import (
     parse_ranks,
     task_results,
 )
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import Topology, uniform
 from poprun_py.errors import BackendError, RenderError, UsageError
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.render import RenderedJob, render_job
-from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
-from poprun_py.supervise import LAUNCHER_INDEX, ChildExit, Output, Supervised
-from poprun_py.testslurm import node_config, slurm_conf_text
-from poprun_py.topology import Topology, uniform
+from poprun_py.process.supervise import LAUNCHER_INDEX, ChildExit, Output, Supervised
+from poprun_py.render.job import RenderedJob, render_job
+from tests.slurmcluster import node_config, slurm_conf_text
 
 JOB_DIR = "/shared/jobs/run1"
 TRICKY = 'it\'s a $(dangerous) `value`\nwith "quotes" and ; & |'

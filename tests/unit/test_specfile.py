@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from poprun_py.cli import run
+from poprun_py.core.plan import make_plan
+from poprun_py.core.spec import JobSpec
 from poprun_py.errors import SpecError
-from poprun_py.plan import make_plan
-from poprun_py.spec import JobSpec
-from poprun_py.specfile import load_cluster, parse_cluster
+from poprun_py.prepare.specfile import load_cluster, parse_cluster
 
 CLUSTERS = sorted(Path("clusters").glob("*.yaml"))
 

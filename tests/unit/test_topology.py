@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.probe import discover_local, parse_node_lines, read_sysfs
-from poprun_py.topology import (
+from poprun_py.core.topology import (
     TopologyError,
     format_cpulist,
     parse_cpulist,
@@ -13,6 +12,7 @@ from poprun_py.topology import (
     parse_sysfs_nodes,
     uniform,
 )
+from poprun_py.prepare.discover import discover_local, parse_node_lines, read_sysfs
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

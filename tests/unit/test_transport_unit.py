@@ -16,8 +16,19 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import make_plan
+from poprun_py.core.spec import HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.errors import UsageError
-from poprun_py.hostexec import (
+from poprun_py.launch.preflight import (
+    CHECK_SCRIPT,
+    Checks,
+    checks_argv,
+    checks_for_plan,
+    parse_check_output,
+)
+from poprun_py.prepare.discover import discover_local
+from poprun_py.ssh.fanout import (
     HostOutcome,
     LineSplitter,
     fold,
@@ -26,19 +37,8 @@ from poprun_py.hostexec import (
     problems,
     worst_exit_code,
 )
-from poprun_py.hosts import parse_hosts
-from poprun_py.plan import make_plan
-from poprun_py.preflight import (
-    CHECK_SCRIPT,
-    Checks,
-    checks_argv,
-    checks_for_plan,
-    parse_check_output,
-)
-from poprun_py.probe import discover_local
-from poprun_py.spec import HostSpec, JobSpec, cluster_from_hosts
-from poprun_py.sync import destination, rsync_argv, scan
-from poprun_py.transport import (
+from poprun_py.ssh.sync import destination, rsync_argv, scan
+from poprun_py.ssh.transport import (
     Endpoint,
     HostKeyError,
     KnownHosts,

@@ -6,7 +6,7 @@ Like OpenSSH it honours ``~/.ssh/config`` (``HostName``, ``User``, ``Port``, ``I
 ``ProxyCommand``, ``StrictHostKeyChecking accept-new``), the ssh agent and identity files, and
 checks host keys against the system, user and extra known_hosts files: a changed key is always
 refused, an unknown key only accepted (and recorded) on request. Precedence for user, port and
-identity: the :class:`~poprun_py.spec.HostSpec`, then :class:`SshSettings` (the command line),
+identity: the :class:`~poprun_py.core.spec.HostSpec`, then :class:`SshSettings` (the command line),
 then the ssh config.
 
 Remote command lines are built in one place, :func:`remote_command`, which shell-quotes every
@@ -52,8 +52,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from poprun_py.core.spec import HostSpec, check_env_name
 from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
-from poprun_py.spec import HostSpec, check_env_name
 
 if TYPE_CHECKING:
     import paramiko

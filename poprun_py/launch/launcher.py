@@ -9,7 +9,7 @@ closed in ``finally``.
 
 Example:
 
-    >>> from poprun_py.jobconfig import LaunchOptions, prepare
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
     >>> prep = prepare(LaunchOptions(hosts="localhost", program=("true",)), environ={})
     >>> result = launch(prep, RunSettings())
     >>> result.ok, [r.exit_code for r in result.instances]
@@ -30,11 +30,11 @@ from typing import Any
 
 from poprun_py.backends import BackendContext, get_backend
 from poprun_py.backends.base import LaunchResult, OutputSink, RunOptions
+from poprun_py.core.plan import LaunchPlan, replan_with_topologies
+from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
-from poprun_py.jobconfig import Prepared
-from poprun_py.plan import LaunchPlan, replan_with_topologies
-from poprun_py.render import RenderedJob
-from poprun_py.topology import Topology
+from poprun_py.prepare.job import Prepared
+from poprun_py.render.job import RenderedJob
 
 JOBS_ROOT = "/tmp/poprun-py/jobs"
 NON_SSH_BACKENDS = ("local", "slurm")
@@ -70,7 +70,7 @@ def is_remote(prep: Prepared) -> bool:
 
 def render(prep: Prepared, job_dir: str, available: Mapping[str, Topology | None]) -> RenderedJob:
     """Render the prepared plan for its backend."""
-    from poprun_py.render import render_job
+    from poprun_py.render.job import render_job
 
     plan = prep.plan
     return render_job(
@@ -87,13 +87,13 @@ def render(prep: Prepared, job_dir: str, available: Mapping[str, Topology | None
 
 def mpi_args_for(prep: Prepared) -> tuple[str, ...]:
     """The user's mpirun options, plus how Open MPI starts its daemons on remote hosts: through
-    poprun-py's agents (:func:`poprun_py.rsh_shim.mpirun_args`) unless the user chose otherwise;
-    else with its own ssh, given ``plm_rsh_args -F <ssh_config>`` when the cluster names an
-    ssh_config, so that it uses the same user, key and known_hosts."""
+    poprun-py's agents (:func:`poprun_py.agent.rsh_shim.mpirun_args`) unless the user chose
+    otherwise; else with its own ssh, given ``plm_rsh_args -F <ssh_config>`` when the cluster names
+    an ssh_config, so that it uses the same user, key and known_hosts."""
     if prep.backend != "mpirun":
         return prep.mpi_args
     if is_remote(prep):
-        from poprun_py.rsh_shim import mpirun_args
+        from poprun_py.agent.rsh_shim import mpirun_args
 
         relay = mpirun_args(prep.mpi_args)
         if relay:
@@ -110,7 +110,7 @@ def local_available(prep: Prepared) -> dict[str, Topology | None]:
     """For jobs on this machine: every host's real topology is this machine's."""
     topo = prep.local_topology
     if topo is None:
-        from poprun_py.probe import discover_local
+        from poprun_py.prepare.discover import discover_local
 
         topo = discover_local()
     return {h.name: topo for h in prep.plan.hosts}
@@ -187,7 +187,7 @@ def _run(
 
 def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
     """The transport settings for this job (cluster spec, then flags)."""
-    from poprun_py.transport import SshSettings
+    from poprun_py.ssh.transport import SshSettings
 
     cluster = prep.plan.cluster
     return SshSettings.of(
@@ -200,8 +200,8 @@ def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
 
 def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
     from poprun_py.backends.ssh import AgentPool, stage_job
-    from poprun_py.preflight import preflight
-    from poprun_py.transport import ConnectionPool
+    from poprun_py.launch.preflight import preflight
+    from poprun_py.ssh.transport import ConnectionPool
 
     with ConnectionPool(list(prep.plan.cluster.hosts), ssh_settings(prep, settings)) as pool:
         # one agent session per host serves preflight, staging and the job (ssh) or mpirun's
@@ -213,7 +213,7 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
             report = preflight(agents, prep.plan)
             prep = with_topologies(prep, report.topologies)
             if settings.sync:
-                from poprun_py.sync import sync
+                from poprun_py.ssh.sync import sync
 
                 sync(pool, [sync_root(prep.plan)])
             job = render(prep, job_dir_for(prep.plan, settings.output_dir), report.topologies)
@@ -227,7 +227,7 @@ def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
 def _warm_up_renderer(prep: Prepared) -> None:
     """Import Jinja2 and load the templates on a thread of their own: preflight spends seconds
     waiting for the hosts' login shells, and rendering follows it."""
-    from poprun_py.render import warm_up
+    from poprun_py.render.job import warm_up
 
     args = (prep.backend, prep.templates)
     threading.Thread(target=warm_up, args=args, daemon=True, name="poprun-warm-up").start()
@@ -250,7 +250,7 @@ def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Pre
 
 def slurm_request(prep: Prepared) -> Any:
     """The allocation a slurm job needs: its hosts (when named), tasks and limits."""
-    from poprun_py.slurm import SlurmRequest
+    from poprun_py.backends.slurm_alloc import SlurmRequest
 
     plan, opts = prep.plan, prep.options
     named = tuple(h.name for h in plan.hosts if h.name != "localhost")
@@ -266,7 +266,7 @@ def slurm_request(prep: Prepared) -> Any:
 
 def _launch_slurm(prep: Prepared, settings: RunSettings) -> LaunchResult:
     """Run inside the current allocation, or inside one asked for with salloc (and released)."""
-    from poprun_py.slurm import allocated
+    from poprun_py.backends.slurm_alloc import allocated
 
     with allocated(slurm_request(prep)) as alloc:
         job_dir = job_dir_for(prep.plan, settings.output_dir)

@@ -19,8 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import cast
 
+from poprun_py.core.shard import InputSet, parse_manifest_columns
 from poprun_py.errors import InputError
-from poprun_py.shard import InputSet, parse_manifest_columns
 
 
 def collect_inputs(patterns: Sequence[str], cwd: str | None = None) -> InputSet:

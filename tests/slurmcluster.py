@@ -1,11 +1,11 @@
 """A real Slurm on one machine: munged, slurmctld, and one slurmd per test host.
 
-Given test hosts from :mod:`poprun_py.testhosts` (network namespaces with their own addresses and
-hostnames), :func:`start_slurm` writes ``slurm.conf``/``cgroup.conf`` and a fresh munge key into a
-state directory, starts ``munged`` and ``slurmctld`` in the root namespace (the controller listens
-on the cluster bridge's gateway address) and one ``slurmd -N <host>`` inside each host's network
-namespace and its own UTS namespace, then waits until ``sinfo`` shows every node idle. Clients
-(``srun``, ``salloc``, ``squeue``...) find this Slurm through ``SLURM_CONF``
+Given test hosts from :mod:`poprun_py.providers.netns` (network namespaces with their own addresses
+and hostnames), :func:`start_slurm` writes ``slurm.conf``/``cgroup.conf`` and a fresh munge key
+into a state directory, starts ``munged`` and ``slurmctld`` in the root namespace (the controller
+listens on the cluster bridge's gateway address) and one ``slurmd -N <host>`` inside each host's
+network namespace and its own UTS namespace, then waits until ``sinfo`` shows every node idle.
+Clients (``srun``, ``salloc``, ``squeue``...) find this Slurm through ``SLURM_CONF``
 (:attr:`SlurmCluster.env`).
 
 Choices that make Slurm start in a container without systemd, cgroups or a shared ``/etc``:
@@ -32,7 +32,7 @@ naming the state directory), so :func:`stop_slurm` also cleans up after a killed
 
 Example (as root)::
 
-    >>> from poprun_py.testhosts import create_cluster
+    >>> from poprun_py.providers.netns import create_cluster
     >>> hosts = create_cluster("demo", 2, host_prefix="d")  # doctest: +SKIP
     >>> slurm = start_slurm("demo", hosts)  # doctest: +SKIP
     >>> import subprocess
@@ -41,8 +41,8 @@ Example (as root)::
     'd1\\nd2\\n'
     >>> stop_slurm("demo")  # doctest: +SKIP
 
-From a shell (``.ci/run``): ``python -m poprun_py.testslurm up NAME --hosts 2`` prints the
-``SLURM_CONF`` line to export; ``python -m poprun_py.testslurm down NAME`` removes everything.
+From a shell (``.ci/run``): ``python -m tests.slurmcluster up NAME --hosts 2`` prints the
+``SLURM_CONF`` line to export; ``python -m tests.slurmcluster down NAME`` removes everything.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import ProvisionError
-from poprun_py.proctree import alive, with_descendants
-from poprun_py.procutil import command_output, last_line
-from poprun_py.testhosts import TestCluster, TestHost, host_pids
+from poprun_py.process.commands import command_output, last_line
+from poprun_py.process.proctree import alive, with_descendants
+from poprun_py.providers.netns import TestCluster, TestHost, host_pids
 
 __all__ = [
     "DEFAULT_STATE_ROOT",
@@ -325,7 +325,7 @@ def _make_dirs(state_dir: Path, hosts: Sequence[str]) -> None:
     state_dir.mkdir(mode=0o755, parents=True)
     for sub in ("munge", "ctld", "log", *(f"spool/{h}" for h in hosts)):
         (state_dir / sub).mkdir(mode=0o755, parents=True)
-    os.chmod(state_dir, 0o755)  # noqa: S103 -- munged wants every directory up to its socket searchable
+    os.chmod(state_dir, 0o755)
 
 
 def _free_port(address: str) -> int:
@@ -591,9 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``up`` also creates the test hosts (cluster ``NAME``, hosts ``<prefix>1..N``) and prints
     ``SLURM_CONF=...``; ``down`` stops Slurm and destroys the hosts.
     """
-    from poprun_py.testhosts import create_cluster, destroy_cluster
+    from poprun_py.providers.netns import create_cluster, destroy_cluster
 
-    parser = argparse.ArgumentParser(prog="python -m poprun_py.testslurm")
+    parser = argparse.ArgumentParser(prog="python -m tests.slurmcluster")
     parser.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("name", nargs="?", default="ci-slurm")
     parser.add_argument("--hosts", type=int, default=2)

@@ -5,7 +5,7 @@ These are plain frozen dataclasses with no I/O; ``specfile.load_cluster`` builds
 
 Example:
 
-    >>> from poprun_py.hosts import parse_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
     >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"))
     >>> [h.name for h in cluster.hosts], cluster.simulated
     (['h1', 'h2'], False)
@@ -19,9 +19,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from poprun_py.core.hosts import HostEntry
+from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
-from poprun_py.hosts import HostEntry
-from poprun_py.topology import Topology
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,5 +1,5 @@
 """Local discovery: this machine's NUMA topology, read from /sys (or ``lscpu``) and parsed by the
-pure parsers in :mod:`poprun_py.topology`. Remote discovery over ssh reuses the same parsers.
+pure parsers in :mod:`poprun_py.core.topology`. Remote discovery over ssh reuses the same parsers.
 
 Example:
 
@@ -14,7 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from poprun_py.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
+from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
 
 SYSFS_NODES = "/sys/devices/system/node"
 

@@ -1,10 +1,10 @@
 """Open MPI's remote-shell agent in poprun-py's mpirun launches: orted through the host's agent.
 
-A remote ``--backend mpirun`` launch already has one agent per host (:mod:`poprun_py.remote_agent`,
+A remote ``--backend mpirun`` launch already has one agent per host (:mod:`poprun_py.agent.host`,
 started over its SSH connection for preflight). Rather than let Open MPI open one more SSH
 connection and login session per host, poprun-py runs mpirun with
 ``--mca plm_rsh_agent "<python> -S -I <this file>"`` and ``POPRUN_RSH_SOCKET`` naming a Unix
-socket it serves (:mod:`poprun_py.backends.rsh_relay`). Open MPI runs this script as it would run
+socket it serves (:mod:`poprun_py.agent.relay`). Open MPI runs this script as it would run
 ssh, ``[SSH OPTIONS] HOST COMMAND WORDS...``, and the script:
 
 1. skips the ssh options (and the argument of those that take one, per ssh(1));

@@ -2,7 +2,8 @@
 key.
 
 Unknown keys are errors, types are strict (``replicas: "4"`` is refused), duplicate keys are
-refused, and host names may be node ranges. The result is a :class:`poprun_py.spec.ClusterSpec`.
+refused, and host names may be node ranges. The result is a
+:class:`poprun_py.core.spec.ClusterSpec`.
 
 Example:
 
@@ -29,9 +30,8 @@ from typing import Any
 
 import yaml
 
-from poprun_py.errors import SpecError, UsageError
-from poprun_py.hosts import check_unique, expand_names
-from poprun_py.schema import (
+from poprun_py.core.hosts import check_unique, expand_names
+from poprun_py.core.schema import (
     Bool,
     Either,
     Float,
@@ -45,8 +45,9 @@ from poprun_py.schema import (
     Str,
     check,
 )
-from poprun_py.spec import ClusterSpec, Defaults, HostSpec, ProviderSpec, check_env_name
-from poprun_py.topology import NumaNode, Topology, parse_cpulist
+from poprun_py.core.spec import ClusterSpec, Defaults, HostSpec, ProviderSpec, check_env_name
+from poprun_py.core.topology import NumaNode, Topology, parse_cpulist
+from poprun_py.errors import SpecError, UsageError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: ~15x faster
 

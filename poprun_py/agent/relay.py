@@ -1,8 +1,9 @@
-"""The poprun-py end of :mod:`poprun_py.rsh_shim`: Open MPI's daemons start through the agents.
+"""The poprun-py end of :mod:`poprun_py.agent.rsh_shim`: Open MPI's daemons start through the
+agents.
 
-A remote mpirun launch renders ``--mca plm_rsh_agent "<python> -S -I rsh_shim.py"`` (see
-:func:`poprun_py.rsh_shim.mpirun_args`). :class:`RshRelay` listens on a Unix socket (mode 0600,
-in a private temporary directory) that mpirun's environment names to the shim as
+A remote mpirun launch renders ``--mca plm_rsh_agent "<python> -S -I rsh_shim.py"``
+(see :func:`poprun_py.agent.rsh_shim.mpirun_args`). :class:`RshRelay` listens on a Unix socket
+(mode 0600, in a private temporary directory) that mpirun's environment names to the shim as
 ``POPRUN_RSH_SOCKET`` -- never an argv, so ``--dry-run`` prints exactly what runs. Each shim
 connection asks to run one command on one host: the relay maps the name Open MPI uses (the
 hostfile's: a host's address, else its name) to that host's agent -- already started for
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from poprun_py.agent.rsh_shim import SOCKET_VAR, uses_relay
 from poprun_py.backends.ssh import (
     HEARTBEAT,
     KILL_WAIT,
@@ -49,11 +51,10 @@ from poprun_py.backends.ssh import (
     Timing,
     agent_header,
 )
-from poprun_py.rsh_shim import SOCKET_VAR, uses_relay
 
 if TYPE_CHECKING:
     from poprun_py.backends.ssh import AgentConnection, AgentPool
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 REQUEST_TIMEOUT = 10.0  # for the shim's request line, and for each write to the shim
 DAEMON_SHELL = "/bin/sh"
@@ -222,7 +223,7 @@ class _Session:
             self.pump(link)
 
     def request(self) -> tuple[str, str]:
-        """The shim's request (:func:`poprun_py.rsh_shim.request`): host and command."""
+        """The shim's request (:func:`poprun_py.agent.rsh_shim.request`): host and command."""
         self.sock.settimeout(REQUEST_TIMEOUT)
         data = b""
         while data.count(b"\0") < 2:
@@ -263,7 +264,7 @@ class _Session:
             link.send(b"term")
 
     def record(self, link: AgentLink, record: bytes) -> None:
-        """Act on one agent record (see :mod:`poprun_py.remote_agent`)."""
+        """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
         kind, _, rest = record.partition(b" ")
         number, _, text = rest.partition(b" ")
         if kind == b"d":

@@ -39,7 +39,7 @@ from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
 if TYPE_CHECKING:
     import paramiko
 
-    from poprun_py.transport import Connection, ConnectionPool
+    from poprun_py.ssh.transport import Connection, ConnectionPool
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(host, bytes_done, bytes_total)``; unchanged files count as done."""
@@ -189,7 +189,7 @@ def _report(
     entries: Sequence[Entry],
     total: int,
 ) -> SyncReport:
-    from poprun_py.transport import TransportError
+    from poprun_py.ssh.transport import TransportError
 
     faults = []
     for host in pool.hosts:
@@ -300,7 +300,7 @@ def _sftp_push(
     progress: ProgressFn | None,
 ) -> tuple[int, int]:
     """Send what differs in size or mtime; return (files sent, bytes sent)."""
-    from poprun_py.transport import makedirs
+    from poprun_py.ssh.transport import makedirs
 
     sftp = conn.sftp()
     for parent in parents:
@@ -348,7 +348,7 @@ def _ensure_dir(
     """Create the directory unless it exists; True if it was created."""
     if have is not None and have.st_mode is not None and stat.S_ISDIR(have.st_mode):
         return False
-    from poprun_py.transport import makedirs
+    from poprun_py.ssh.transport import makedirs
 
     makedirs(sftp, entry.remote)
     sftp.chmod(entry.remote, entry.mode)

@@ -14,7 +14,7 @@ Example:
     >>> check(spec, {"name": "h1", "prot": 2})
     Traceback (most recent call last):
     ...
-    poprun_py.schema.SchemaFault: prot: unknown key
+    poprun_py.core.schema.SchemaFault: prot: unknown key
 """
 
 from __future__ import annotations

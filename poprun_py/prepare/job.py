@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.backends import check_backend
-from poprun_py.env import check_user_env
+from poprun_py.core.env import check_user_env
+from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
+from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.shard import InputSet
+from poprun_py.core.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
-from poprun_py.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
-from poprun_py.plan import LaunchPlan, make_plan
-from poprun_py.shard import InputSet
-from poprun_py.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
-from poprun_py.topology import Topology
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
@@ -140,7 +140,7 @@ def _first(*values: float | None) -> float:
 def _load_base(path: str | None) -> ClusterSpec | None:
     if path is None:
         return None
-    from poprun_py.specfile import load_cluster
+    from poprun_py.prepare.specfile import load_cluster
 
     return load_cluster(path)
 
@@ -168,7 +168,7 @@ def _default_backend(cluster: ClusterSpec, env: Mapping[str, str]) -> str:
 
 
 def _local_topology() -> Topology:
-    from poprun_py.probe import discover_local
+    from poprun_py.prepare.discover import discover_local
 
     return discover_local()
 
@@ -232,6 +232,6 @@ def free_port() -> int:
 def _inputs(patterns: tuple[str, ...], workdir: str | None) -> InputSet | None:
     if not patterns:
         return None
-    from poprun_py.inputs import collect_inputs
+    from poprun_py.prepare.inputs import collect_inputs
 
     return collect_inputs(patterns, cwd=workdir if workdir and os.path.isdir(workdir) else None)

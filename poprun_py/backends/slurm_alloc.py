@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from poprun_py.core.hosts import expand_names
 from poprun_py.errors import BackendError, ProvisionError, UsageError
-from poprun_py.hosts import expand_names
-from poprun_py.procutil import failure_line, run_captured
+from poprun_py.process.commands import failure_line, run_captured
 
 if TYPE_CHECKING:
-    from poprun_py.plan import LaunchPlan
+    from poprun_py.core.plan import LaunchPlan
 
 SBATCH_TEMPLATE = "sbatch.j2"
 CLIENT_TIMEOUT = 30.0
@@ -284,7 +284,7 @@ def batch_script(
     job, poprun-py takes its hosts from the allocation and runs the step with srun. ``plan``, if
     given, is summarised in comments. ``templates_dir`` overrides the packaged ``sbatch.j2``.
     """
-    from poprun_py import render
+    from poprun_py.render import job as render
 
     if not launch_argv:
         raise UsageError("a batch script needs the command to run inside the allocation")

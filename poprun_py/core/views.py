@@ -3,9 +3,9 @@ JSON of DESIGN.md. Pure functions returning strings and dicts; the CLI prints th
 
 Example:
 
-    >>> from poprun_py.plan import make_plan
-    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
-    >>> from poprun_py.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
     >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1")), JobSpec(("t",), 4, 2))
     >>> print("\\n".join(topology_lines(plan)))
     | hosts     |       h1      |
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from poprun_py.plan import InstancePlan, LaunchPlan
-from poprun_py.topology import format_cpulist
+from poprun_py.core.plan import InstancePlan, LaunchPlan
+from poprun_py.core.topology import format_cpulist
 
 MAX_CELLS = 32
 

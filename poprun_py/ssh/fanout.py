@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from poprun_py.errors import EXIT_INTERRUPTED, Interrupted
 
 if TYPE_CHECKING:
-    from poprun_py.transport import Connection, ConnectionPool
+    from poprun_py.ssh.transport import Connection, ConnectionPool
 
 EXIT_UNREACHABLE = 255
 EXIT_TIMEOUT = 124
@@ -170,7 +170,7 @@ def _run_all(
 
 
 def _outcome(host: str, got: HostOutcome | BaseException | None) -> HostOutcome:
-    from poprun_py.transport import Cancelled, RemoteTimeout, TransportError
+    from poprun_py.ssh.transport import Cancelled, RemoteTimeout, TransportError
 
     if isinstance(got, HostOutcome):
         return got

@@ -2,8 +2,8 @@
 
 :func:`supervise` starts each :class:`Child` from an argv list (never a shell) in a process
 group of its own (and a session of its own when poprun-py has a terminal; see
-:class:`~poprun_py.proctree.Spawner`), with stdin closed; many children are started from a few
-threads, since each start waits for its exec.
+:class:`~poprun_py.process.proctree.Spawner`), with stdin closed; many children are started from a
+few threads, since each start waits for its exec.
 One selector loop on the calling thread reads every stdout/stderr pipe and learns of exits
 through pidfds. Output goes through a :class:`Feed` per pipe: by default :class:`LineFeed`,
 which splits lines for an :class:`Output` (per-instance logs, ``only_output_from``, the sink).
@@ -47,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, OutputSink, RunOptions
 from poprun_py.errors import UsageError
-from poprun_py.proctree import (
+from poprun_py.process.proctree import (
     Launched,
     ProcStat,
     Spawner,
@@ -64,7 +64,7 @@ from poprun_py.proctree import (
 )
 
 if TYPE_CHECKING:
-    from poprun_py.render import RenderedJob
+    from poprun_py.render.job import RenderedJob
 
 LAUNCHER_INDEX = -1
 """The index output lines of a whole-job launcher (mpirun, srun) carry when no rank owns them."""

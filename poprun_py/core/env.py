@@ -6,9 +6,9 @@ it, so an instance sees the same variables whichever backend started it. User va
 
 Example:
 
-    >>> from poprun_py.plan import make_plan
-    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
-    >>> from poprun_py.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
     >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1,h2")), JobSpec(("t.py",), replicas=4))
     >>> env = instance_env(plan, plan.instances[1], shard_file="/tmp/s1")
     >>> env["POPDIST_REPLICA_INDEX_OFFSET"], env["RANK"], env["GROUP_RANK"], env["MASTER_ADDR"]
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from poprun_py.core.plan import InstancePlan, LaunchPlan
+from poprun_py.core.spec import EnvVar
 from poprun_py.errors import UsageError
-from poprun_py.plan import InstancePlan, LaunchPlan
-from poprun_py.spec import EnvVar
 
 MASK = "******"
 

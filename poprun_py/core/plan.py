@@ -14,9 +14,9 @@ Rules (PopRun's, plus poprun-py's own checks):
 
 Example:
 
-    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
-    >>> from poprun_py.hosts import parse_hosts
-    >>> from poprun_py.topology import uniform
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> from poprun_py.core.topology import uniform
     >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"), topology=uniform(2, 4))
     >>> plan = make_plan(cluster, JobSpec(program=("train.py",), replicas=8, instances=4))
     >>> [(i.host, i.replica_offset, i.num_local_replicas, i.numa_nodes) for i in plan.instances]
@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from poprun_py.core.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
+from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.core.topology import Topology
 from poprun_py.errors import PlanError
-from poprun_py.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
-from poprun_py.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
-from poprun_py.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Render a plan into launch commands: argv lists and per-instance environments.
 
-Templates live in ``poprun_py/templates`` (the repository's ``templates/``) or a directory the
-user names with ``--templates``, whose files override the packaged ones by name. They render to
+Templates live in ``poprun_py/render/templates`` (the repository's ``templates/``) or a directory
+the user names with ``--templates``, whose files override the packaged ones by name. They render to
 text which is split into argv lists as :func:`shlex.split` would (by the faster
-:func:`poprun_py.shellwords.split`), so every value is quoted at exactly one place (the
+:func:`poprun_py.core.shellwords.split`), so every value is quoted at exactly one place (the
 ``quote`` filter).
 
 - ``instance.j2`` renders once per instance: the numactl binding, then the program. The local
@@ -29,9 +29,9 @@ by name"; its value is in :attr:`RenderedJob.launcher_env`.
 
 Example:
 
-    >>> from poprun_py.hosts import parse_hosts
-    >>> from poprun_py.plan import make_plan
-    >>> from poprun_py.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
     >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"))
     >>> plan = make_plan(cluster, JobSpec(("train.py", "--name", "run 1"), replicas=2))
     >>> job = render_job(plan, "mpirun", job_dir="/tmp/job")
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poprun_py import env as instance_env
-from poprun_py import shellwords
+from poprun_py.core import env as instance_env
+from poprun_py.core import shellwords
+from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan
+from poprun_py.core.topology import Topology, format_cpulist
 from poprun_py.errors import PoprunError, RenderError, UnknownNameError
-from poprun_py.plan import HostPlan, InstancePlan, LaunchPlan
-from poprun_py.topology import Topology, format_cpulist
 
 if TYPE_CHECKING:
     import jinja2
@@ -276,7 +276,7 @@ def format_job(job: RenderedJob, masked: bool = True) -> str:
     """A RenderedJob as text for ``render`` and ``--dry-run``: shell-quoted lines (shlex.join),
     the launcher one app context a line, each instance as an ``env ... argv`` line.
 
-    With ``masked`` every secret value is replaced by :data:`poprun_py.env.MASK`.
+    With ``masked`` every secret value is replaced by :data:`poprun_py.core.env.MASK`.
     """
     secrets = job.secrets if masked else frozenset()
     hosts = len(job.plan.hosts)

@@ -16,7 +16,7 @@ cluster whose creation was killed halfway or whose state directory is gone.
 
 Example (as root)::
 
-    >>> from poprun_py.testhosts import create_cluster, destroy_cluster
+    >>> from poprun_py.providers.netns import create_cluster, destroy_cluster
     >>> cluster = create_cluster("demo", 4, host_prefix="d")  # doctest: +SKIP
     >>> [h.name for h in cluster.hosts]  # doctest: +SKIP
     ['d1', 'd2', 'd3', 'd4']
@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from poprun_py.errors import ProvisionError
-from poprun_py.proctree import alive
-from poprun_py.procutil import command_output, last_line
+from poprun_py.process.commands import command_output, last_line
+from poprun_py.process.proctree import alive
 
 __all__ = [
     "DEFAULT_STATE_ROOT",

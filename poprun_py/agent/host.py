@@ -36,7 +36,7 @@ Example (the agent run locally, as its tests do)::
 
     >>> import json, subprocess, sys
     >>> job = {"instances": [{"index": 3, "argv": ["echo", "hi"], "env": {}, "cwd": None}]}
-    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.remote_agent", "--no-stdin-eof"],
+    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.agent.host", "--no-stdin-eof"],
     ...     input=b"job " + json.dumps(job).encode() + b"\\n", capture_output=True).stdout
     >>> [r for r in out.decode().splitlines() if r[0] in "oxd"]
     ['o 3 hi', 'x 3 0', 'd']
@@ -77,7 +77,7 @@ by poprun-py, then SOURCE_LEN bytes of its source, from stdin (never more: the r
 header), and runs the compiled agent when this Python's bytecode magic is MAGIC (saving the
 compile, ~6 ms a host), else the source."""
 
-RUN_ID_VAR = "POPRUN_RUN_ID"  # the same name poprun_py.supervise uses
+RUN_ID_VAR = "POPRUN_RUN_ID"  # the same name poprun_py.process.supervise uses
 DRAIN = 1.0  # once nothing is left running, how long to wait for the last output
 SCAN_EVERY = 0.05  # while stopping leftovers, how often to look for them in /proc
 MAX_PENDING = 1 << 22  # stop reading instance output while this much waits for the channel

@@ -4,7 +4,7 @@ Per host, over the pool's one connection and in one round trip (a fixed ``sh`` s
 inputs are passed as quoted arguments): the working directory exists; the interpreter and the
 program are found; the program's script file exists; ``numactl`` exists where instances are
 bound; the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names, else
-``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.topology`. On the launching machine, in
+``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`. On the launching machine, in
 parallel with those: how long each host name takes to resolve (a name that resolves slowly or not
 at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and host-key mismatches
 come from :meth:`ConnectionPool.connect_all` and join the same list.
@@ -31,15 +31,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
 from poprun_py.errors import Fault, PreflightError
-from poprun_py.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from poprun_py.plan import LaunchPlan
-    from poprun_py.spec import HostSpec
-    from poprun_py.transport import RemoteResult, SshSettings
+    from poprun_py.core.plan import LaunchPlan
+    from poprun_py.core.spec import HostSpec
+    from poprun_py.ssh.transport import RemoteResult, SshSettings
 
 T = TypeVar("T")
 
@@ -314,7 +314,7 @@ def _collect(
     resolving: Mapping[str, Future[tuple[float, str | None]]],
 ) -> tuple[tuple[HostReport, ...], tuple[Fault, ...], tuple[str, ...]]:
     """Every host's report, the faults (host order) and the warnings."""
-    from poprun_py.transport import TransportError
+    from poprun_py.ssh.transport import TransportError
 
     faults: list[Fault] = []
     warnings: list[str] = []

@@ -1,0 +1,9 @@
+"""From a plan to commands: Jinja2 templates (``templates/``, overridable with ``--templates``)
+render each backend's argv lists and per-instance environments.
+
+Example:
+
+    >>> from poprun_py.render.job import TEMPLATES_DIR
+    >>> sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))[:2]
+    ['instance.j2', 'mpiexec.j2']
+"""
