@@ -37,7 +37,7 @@ from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology
 from poprun_py.process.proctree import alive
 from poprun_py.providers.netns import TestCluster, TestHost, host_pids
-from poprun_py.render.job import job as render
+from poprun_py.render import job as render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -29,7 +29,7 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
-from poprun_py.render.job import job as render
+from poprun_py.render import job as render
 from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import strays
