@@ -87,7 +87,7 @@ def by_hand(cluster: TestCluster, spec: Path, job_dir: Path, env: dict[str, str]
     """The mpirun command poprun-py renders for this launch, with its files written."""
     from poprun_py.launch import launcher
     from poprun_py.prepare.job import LaunchOptions, prepare
-    from poprun_py.process.supervise import write_job_files
+    from poprun_py.process.output import write_job_files
 
     opts = LaunchOptions(
         program=("true",),
@@ -116,8 +116,9 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
     """Where an ssh launch's time goes, measured in process (no interpreter start-up): the
     launch with preflight on plain connections (a login session per host for the checks, then
     one for the agent) and with preflight run by the agents (one login session per host)."""
-    from poprun_py.backends.base import RunOptions
-    from poprun_py.backends.ssh import AgentPool, SshBackend
+    from poprun_py.agent.client import AgentPool
+    from poprun_py.backends.result import RunOptions
+    from poprun_py.backends.ssh import SshBackend
     from poprun_py.launch import launcher
     from poprun_py.launch.preflight import preflight
     from poprun_py.prepare.job import LaunchOptions, prepare

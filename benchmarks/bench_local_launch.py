@@ -31,13 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from poprun_py.backends.base import RunOptions
 from poprun_py.backends.local import LocalBackend
+from poprun_py.backends.result import RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.process.output import Output
 from poprun_py.process.proctree import has_controlling_tty
-from poprun_py.process.supervise import Child, Output, supervise
+from poprun_py.process.supervise import Child, supervise
 from poprun_py.render.job import RenderedJob, render_job
 
 INSTANCES = 16

@@ -5,8 +5,11 @@ Exit codes (documented in the README):
     0    success
     2    bad input: spec, flags, host expressions, impossible plans (nothing launched)
     3    preflight failed (nothing started)
-    N    the failing instance's own exit code (root cause first in the summary)
-    130  interrupted (Ctrl-C / SIGTERM); every instance was stopped
+    N    the failing instance's own exit code (root cause first in the summary; when N is one
+         of poprun-py's own codes the message says it was the instance's)
+    124  ``exec --timeout``: a host's command outlived the timeout
+    130  interrupted (Ctrl-C / SIGTERM / SIGHUP); every instance was stopped
+    255  a host was lost (stopped answering: dead, or off the network) or unreachable
 
 Example:
 
@@ -25,7 +28,13 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_PREFLIGHT = 3
+EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
+EXIT_LOST = 255
+OWN_CODES = frozenset(
+    (EXIT_FAILURE, EXIT_USAGE, EXIT_PREFLIGHT, EXIT_TIMEOUT, EXIT_INTERRUPTED, EXIT_LOST)
+)
+"""poprun-py's own exit codes: an instance exiting with one of them is named as the cause."""
 
 
 class PoprunError(Exception):

@@ -7,7 +7,7 @@ A remote mpirun launch renders ``--mca plm_rsh_agent "<python> -S -I rsh_shim.py
 ``POPRUN_RSH_SOCKET`` -- never an argv, so ``--dry-run`` prints exactly what runs. Each shim
 connection asks to run one command on one host: the relay maps the name Open MPI uses (the
 hostfile's: a host's address, else its name) to that host's agent -- already started for
-preflight, and already holding the job's files (:func:`~poprun_py.backends.ssh.stage_job`) -- and
+preflight, and already holding the job's files (:func:`~poprun_py.agent.client.stage_job`) -- and
 hands it a job of one instance, ``/bin/sh -c COMMAND`` (no second login shell: the agent's
 environment is its login session's). The agent's output lines and exit go back to the shim;
 heartbeats go to every agent while its daemon runs.
@@ -41,8 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.agent.rsh_shim import SOCKET_VAR, uses_relay
-from poprun_py.backends.ssh import (
+from poprun_py.agent.client import (
     HEARTBEAT,
     KILL_WAIT,
     LIVENESS,
@@ -51,9 +50,10 @@ from poprun_py.backends.ssh import (
     Timing,
     agent_header,
 )
+from poprun_py.agent.rsh_shim import SOCKET_VAR, uses_relay
 
 if TYPE_CHECKING:
-    from poprun_py.backends.ssh import AgentConnection, AgentPool
+    from poprun_py.agent.client import AgentConnection, AgentPool
     from poprun_py.render.job import RenderedJob
 
 REQUEST_TIMEOUT = 10.0  # for the shim's request line, and for each write to the shim

@@ -1,5 +1,13 @@
 """The backend registry: an explicit map from name to factory, imported lazily.
 
+Adding a backend: write one module under ``backends/`` with a class that satisfies
+:class:`~poprun_py.backends.base.Backend` (``open`` a session on the hosts -- usually
+:class:`~poprun_py.backends.session.LocalSession` or
+:class:`~poprun_py.backends.session.RemoteSession` around a runner -- plus ``render_args``,
+``known_topologies`` and ``batch_script``, whose defaults come from
+:class:`~poprun_py.backends.base.Defaults`), a template ``render/templates/<name>.j2`` when it
+has a launcher command, and one line in :data:`BACKENDS`.
+
 Example:
 
     >>> sorted(BACKENDS)
@@ -12,9 +20,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from poprun_py.errors import UnknownNameError
 
@@ -22,41 +29,31 @@ if TYPE_CHECKING:
     from poprun_py.backends.base import Backend
 
 
-@dataclass(frozen=True)
-class BackendContext:
-    """What a backend may need beyond the rendered job: SSH connections (a
-    ``transport.ConnectionPool`` already opened by preflight) for the remote backends, and the
-    environment of a Slurm allocation for the slurm backend."""
-
-    pool: Any = None
-    environ: Mapping[str, str] | None = None
-
-
-def _local(ctx: BackendContext) -> Backend:
+def _local() -> Backend:
     from poprun_py.backends.local import LocalBackend
 
     return LocalBackend()
 
 
-def _mpirun(ctx: BackendContext) -> Backend:
-    from poprun_py.backends.mpirun import MpirunBackend
-
-    return MpirunBackend(ctx.pool)
-
-
-def _ssh(ctx: BackendContext) -> Backend:
+def _ssh() -> Backend:
     from poprun_py.backends.ssh import SshBackend
 
-    return SshBackend(ctx.pool)  # type: ignore[no-any-return,unused-ignore]
+    return SshBackend()
 
 
-def _slurm(ctx: BackendContext) -> Backend:
+def _mpirun() -> Backend:
+    from poprun_py.backends.mpirun import MpirunBackend
+
+    return MpirunBackend()
+
+
+def _slurm() -> Backend:
     from poprun_py.backends.slurm import SlurmBackend
 
-    return SlurmBackend(ctx.environ)
+    return SlurmBackend()
 
 
-BACKENDS: dict[str, Callable[[BackendContext], Backend]] = {
+BACKENDS: dict[str, Callable[[], Backend]] = {
     "local": _local,
     "ssh": _ssh,
     "mpirun": _mpirun,
@@ -71,6 +68,6 @@ def check_backend(name: str) -> str:
     return name
 
 
-def get_backend(name: str, ctx: BackendContext | None = None) -> Backend:
+def get_backend(name: str) -> Backend:
     """Create the backend called ``name``."""
-    return BACKENDS[check_backend(name)](ctx or BackendContext())
+    return BACKENDS[check_backend(name)]()

@@ -1,121 +1,154 @@
-"""The backend interface and the outcome types every backend returns.
+"""The backend lifecycle and the outcome types every backend returns.
 
-A backend takes a :class:`~poprun_py.render.job.RenderedJob` and runs it: as local processes, over
-SSH, through ``mpirun`` or through ``srun``. Whatever happens, it returns (or raises
-``LaunchFailed``/``Interrupted`` carrying) a :class:`LaunchResult` that keeps every instance's
-outcome, root cause first, and it leaves no process behind.
+The launcher drives every backend through the same verbs, and never asks for a backend's name:
+
+1. :meth:`Backend.open` -- what the launch needs: nothing (local), one SSH connection and agent
+   per host (ssh, remote mpirun), an allocation (slurm). Returns a :class:`Session`.
+2. :meth:`Session.preflight` -- check every host (faults: PreflightError, exit 3, nothing
+   started) and learn the topologies the plan may re-plan with; :meth:`Session.sync` and
+   :meth:`Session.stage` push the program's directory and the job's files.
+3. :meth:`Session.start` -- a :class:`Running` handle, started with a
+   :class:`~poprun_py.process.signals.Control` that carries stop requests in and every
+   instance's end out; :meth:`Running.wait` supervises to the end and returns a
+   :class:`LaunchResult` that keeps every instance's outcome, root cause first.
+4. :meth:`Session.close` -- nothing the launch started is left on any host.
+
+A :class:`Runner` (``start`` only) is the part that runs a rendered job; backends may use one
+directly (tests do, through :func:`run_to_end`).
 
 Example:
 
-    >>> ok = InstanceResult(0, "h1", exit_code=0)
-    >>> bad = InstanceResult(1, "h2", exit_code=3, ended=2.0)
-    >>> result = LaunchResult((ok, bad))
-    >>> result.root_cause.index, result.exit_code
-    (1, 3)
+    >>> from poprun_py.backends import get_backend
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
+    >>> prep = prepare(LaunchOptions(hosts="localhost", program=("true",)), environ={})
+    >>> backend = get_backend(prep.backend)
+    >>> session = backend.open(prep, RunSettings())
+    >>> checked = session.preflight(prep)
+    >>> from poprun_py.launch.launcher import render, run_options
+    >>> job = render(checked.prep, "/tmp/poprun-py-doctest", checked.topologies, backend)
+    >>> run_to_end(session.runner, job, run_options(checked.prep, RunSettings())).exit_code
+    0
+    >>> session.close()
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from poprun_py.errors import EXIT_INTERRUPTED, EXIT_OK
+from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 
 if TYPE_CHECKING:
-    from poprun_py.render.job import RenderedJob
+    from poprun_py.core.topology import Topology
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
+    from poprun_py.render.job import RenderArgs, RenderedJob
 
 
 @dataclass(frozen=True)
-class InstanceResult:
-    """How one instance ended.
+class Checked:
+    """What preflight gives the launcher: the job re-planned with the topologies it found, and
+    every host's real topology (None where unknown) for rendering the binding."""
 
-    ``state`` is one of ``exited`` (ran to the end, any code), ``stopped`` (poprun-py stopped it
-    because another instance failed or the user interrupted), ``lost`` (its host stopped
-    answering), ``not-started``.
-    """
-
-    index: int
-    host: str
-    exit_code: int | None = None
-    signal: int | None = None
-    state: str = "exited"
-    started: float = 0.0
-    ended: float = 0.0
-    detail: str = ""
-
-    @property
-    def failed(self) -> bool:
-        """True when this instance is a failure in its own right (not merely stopped)."""
-        if self.state == "lost":
-            return True
-        return self.state == "exited" and (self.exit_code != 0 or self.signal is not None)
-
-    @property
-    def code(self) -> int:
-        """An exit code for this outcome (128+signal for signals, 1 if unknown)."""
-        if self.exit_code is not None:
-            return self.exit_code
-        if self.signal is not None:
-            return 128 + self.signal
-        return 1
+    prep: Prepared
+    topologies: Mapping[str, Topology | None]
 
 
-@dataclass(frozen=True)
-class LaunchResult:
-    """Every instance's outcome. ``root_cause`` is the earliest failure."""
+class Running(Protocol):
+    """A started job: :meth:`wait` supervises it to the end on the calling thread, honouring
+    the stop requests of the :class:`~poprun_py.process.signals.Control` it was started with,
+    and returns every instance's outcome. Nothing it started outlives ``wait``."""
 
-    instances: tuple[InstanceResult, ...]
-    interrupted: bool = False
-    duration: float = 0.0
-
-    @property
-    def failures(self) -> tuple[InstanceResult, ...]:
-        """Instances that failed in their own right, earliest first."""
-        return tuple(sorted((r for r in self.instances if r.failed), key=lambda r: r.ended))
-
-    @property
-    def root_cause(self) -> InstanceResult | None:
-        """The earliest failure, if any."""
-        failures = self.failures
-        return failures[0] if failures else None
-
-    @property
-    def ok(self) -> bool:
-        """True when every instance exited 0 and nobody interrupted."""
-        return not self.interrupted and not self.failures
-
-    @property
-    def exit_code(self) -> int:
-        """0, 130 when interrupted, else the root cause's own code."""
-        root = self.root_cause
-        if root is not None:
-            return root.code
-        return EXIT_INTERRUPTED if self.interrupted else EXIT_OK
+    def wait(self) -> LaunchResult:
+        """Supervise to the end; every instance's outcome."""
+        ...
 
 
-OutputSink = Callable[[int, str, str], None]
-"""Called with (instance index, stream name ``stdout``/``stderr``, one line without newline)."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run: where logs go, whose output to show, how long to wait before SIGKILL."""
-
-    output_dir: Path | None = None
-    only_output_from: int | None = None
-    grace_period: float = 5.0
-    sink: OutputSink | None = None
-    connect_timeout: float = 10.0
-    extra: dict[str, str] = field(default_factory=dict)
-
-
-class Backend(Protocol):
-    """Runs a rendered job and reports every instance's outcome."""
+class Runner(Protocol):
+    """What runs a rendered job: ``start`` returns once every instance was handed out."""
 
     name: str
 
-    def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
-        """Run ``job`` to the end; stop everything on the first failure or on interrupt."""
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
+        """Start ``job``; stop requests and every instance's end go through ``control``."""
         ...
+
+
+class Session(Protocol):
+    """One launch's hold on its hosts (see the module docstring for the order of calls)."""
+
+    def preflight(self, prep: Prepared) -> Checked:
+        """Check every host; PreflightError (exit 3) names every fault, nothing started."""
+        ...
+
+    def sync(self, paths: Sequence[str]) -> None:
+        """Push ``paths`` to every host at the same absolute path (a no-op on this machine)."""
+        ...
+
+    def stage(self, job: RenderedJob) -> None:
+        """Put the job's files where its instances will read them."""
+        ...
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
+        """Start the job (see :meth:`Runner.start`)."""
+        ...
+
+    def close(self) -> None:
+        """Release the hosts: nothing of this launch is left running anywhere."""
+        ...
+
+
+class Backend(Protocol):
+    """A registered backend (:data:`poprun_py.backends.BACKENDS`)."""
+
+    name: str
+
+    def render_args(self, prep: Prepared) -> RenderArgs:
+        """What this backend adds to rendering (launcher options, interface, root)."""
+        ...
+
+    def known_topologies(self, prep: Prepared) -> Mapping[str, Topology | None]:
+        """The hosts' topologies known without contacting them (for ``render``/``--dry-run``)."""
+        ...
+
+    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
+        """A script to submit instead of launching (slurm outside an allocation), or None."""
+        ...
+
+    def open(self, prep: Prepared, settings: RunSettings) -> Session:
+        """Take hold of the hosts for one launch."""
+        ...
+
+
+class Defaults:
+    """What most backends answer: nothing added to rendering, no topology known in advance,
+    no batch script."""
+
+    def render_args(self, prep: Prepared) -> RenderArgs:
+        """Nothing added."""
+        from poprun_py.render.job import RenderArgs
+
+        return RenderArgs()
+
+    def known_topologies(self, prep: Prepared) -> Mapping[str, Topology | None]:
+        """Nothing known before preflight."""
+        return {}
+
+    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
+        """No batch script."""
+        return None
+
+
+def run_to_end(runner: Runner, job: RenderedJob, options: RunOptions) -> LaunchResult:
+    """Start ``job`` and wait for it, fail-fast, with SIGINT/SIGTERM/SIGHUP handled for this
+    call: what a direct caller of a runner (tests, benchmarks) wants."""
+    from poprun_py.process.signals import Control, handling_signals
+
+    control = Control()
+    try:
+        with handling_signals(control):
+            control.arm()
+            return runner.start(job, options, control).wait()
+    finally:
+        control.close()

@@ -12,22 +12,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError
-from poprun_py.process.supervise import (
-    LAUNCHER_INDEX,
-    Child,
-    FeedFactory,
-    Output,
-    Supervised,
-    supervise,
-    write_job_files,
-)
+from poprun_py.process.output import LAUNCHER_INDEX, Output, write_job_files
+from poprun_py.process.supervise import Child, FeedFactory, Supervised, Supervision
 
 if TYPE_CHECKING:
+    from poprun_py.backends.result import LaunchResult
+    from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
 
 
@@ -44,16 +40,38 @@ def prepare_launcher(
     return {cmd.index: cmd.host for cmd in job.instances}
 
 
-def supervise_launcher(
+def start_launcher(  # noqa: PLR0917 - the launcher's job, environment and supervision
     job: RenderedJob,
     env: Mapping[str, str],
     output: Output,
     grace_period: float,
     feeds: FeedFactory,
-) -> Supervised:
-    """Run ``job.launcher`` to the end under supervision; signals go to it alone, not its group."""
+    control: Control,
+) -> Supervision:
+    """Start ``job.launcher`` under supervision; signals go to it alone, not its group."""
     child = Child(LAUNCHER_INDEX, "localhost", job.launcher, env, None, signal_group=False)
-    return supervise([child], output, grace_period=grace_period, feeds=feeds)
+    run = Supervision(output, grace_period, feeds, None, control)
+    run.start([child])
+    return run
+
+
+class LauncherRun:
+    """A running one-launcher job: waits for the launcher, then closes what surrounded it
+    (``stack``: a relay, a step clean-up) and maps its outcome onto every instance."""
+
+    def __init__(
+        self,
+        run: Supervision,
+        stack: contextlib.ExitStack,
+        results: Callable[[Supervised], LaunchResult],
+    ):
+        self.run, self.stack, self.results = run, stack, results
+
+    def wait(self) -> LaunchResult:
+        """Supervise the launcher to the end; every instance's outcome."""
+        with self.stack:
+            supervised = self.run.wait()
+        return self.results(supervised)
 
 
 def how_ended(code: int) -> tuple[str, int | None, int | None]:

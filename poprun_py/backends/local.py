@@ -21,39 +21,57 @@ Example:
 
 from __future__ import annotations
 
-import os
-import shutil
 from typing import TYPE_CHECKING
 
-from poprun_py.backends.base import LaunchResult, RunOptions
-from poprun_py.errors import BackendError
-from poprun_py.process.supervise import Child, Output, supervise, write_job_files
+from poprun_py.backends.base import Defaults, run_to_end
+from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.session import LocalSession, check_numactl, local_topologies
+from poprun_py.process.output import Output, write_job_files
+from poprun_py.process.supervise import Child, Supervision
 
 if TYPE_CHECKING:
-    from poprun_py.render.job import InstanceCommand, RenderedJob
+    from collections.abc import Mapping
 
-NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
+    from poprun_py.core.topology import Topology
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
+    from poprun_py.render.job import RenderedJob
 
 
-class LocalBackend:
+class LocalBackend(Defaults):
     """Runs each instance as a local process group; stops all on the first failure."""
 
     name = "local"
 
+    def known_topologies(self, prep: Prepared) -> Mapping[str, Topology | None]:
+        """Every host's topology is this machine's."""
+        return local_topologies(prep)
+
+    def open(self, prep: Prepared, settings: RunSettings) -> LocalSession:
+        """Nothing to take hold of: the instances run here."""
+        return LocalSession(self)
+
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, start every instance, supervise them to the end."""
-        check_numactl(job.instances)
+        return run_to_end(self, job, options)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LocalRun:
+        """Write the job's files and start every instance."""
+        check_numactl(job)
         write_job_files(job)
         children = [Child(cmd.index, cmd.host, cmd.argv, cmd.env, cmd.cwd) for cmd in job.instances]
         output = Output(options, {cmd.index: cmd.host for cmd in job.instances})
-        return supervise(children, output, grace_period=options.grace_period).launch_result()
+        run = Supervision(output, options.grace_period, None, None, control)
+        run.start(children)
+        return LocalRun(run)
 
 
-def check_numactl(commands: tuple[InstanceCommand, ...]) -> None:
-    """Raise BackendError when an instance is bound through numactl and numactl is missing."""
-    for cmd in commands:
-        if cmd.argv and os.path.basename(cmd.argv[0]) == "numactl":
-            path = cmd.env.get("PATH") or os.environ.get("PATH")
-            if shutil.which(cmd.argv[0], path=path) is None:
-                raise BackendError(NUMACTL_MISSING)
-            return
+class LocalRun:
+    """The running local job: one supervision, one InstanceResult per child."""
+
+    def __init__(self, run: Supervision):
+        self.run = run
+
+    def wait(self) -> LaunchResult:
+        """Supervise every instance to the end."""
+        return self.run.wait().launch_result()

@@ -26,25 +26,32 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from poprun_py.agent.relay import Lost, relayed
-from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
-from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
-from poprun_py.process.supervise import (
-    LAUNCHER_INDEX,
-    Child,
-    Feed,
-    Output,
-    Supervised,
+from poprun_py.backends.base import Defaults, Session, run_to_end
+from poprun_py.backends.external import (
+    LauncherRun,
+    how_ended,
+    prepare_launcher,
+    start_launcher,
 )
+from poprun_py.backends.mpi import mpirun_render_args
+from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.session import LocalSession, RemoteSession, local_topologies
+from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.supervise import Child, Feed, Supervised
 
 if TYPE_CHECKING:
-    from poprun_py.backends.ssh import AgentPool
-    from poprun_py.render.job import RenderedJob
+    from poprun_py.agent.client import AgentPool
+    from poprun_py.core.topology import Topology
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
+    from poprun_py.render.job import RenderArgs, RenderedJob
 
 MPIRUN_MISSING = "mpirun not found on PATH; install Open MPI (Debian: openmpi-bin)"
 
@@ -155,7 +162,7 @@ class TagDemux:
         self._output.emit(owner[0], owner[1], text)
 
 
-class MpirunBackend:
+class MpirunBackend(Defaults):
     """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank.
 
     With ``agents`` (the hosts' agents of a remote launch) and a launcher that names
@@ -168,8 +175,27 @@ class MpirunBackend:
     def __init__(self, agents: AgentPool | None = None):
         self.agents = agents
 
+    def render_args(self, prep: Prepared) -> RenderArgs:
+        """The daemons' start through the agents, the interface selection, root."""
+        return mpirun_render_args(prep)
+
+    def known_topologies(self, prep: Prepared) -> Mapping[str, Topology | None]:
+        """This machine's topology when every host is this machine."""
+        return local_topologies(prep) if prep.plan.cluster.all_local else {}
+
+    def open(self, prep: Prepared, settings: RunSettings) -> Session:
+        """Here: mpirun must be on PATH. Remote: one agent per host, which runs preflight,
+        stages the job's files and starts Open MPI's daemons."""
+        if prep.plan.cluster.all_local:
+            return LocalSession(self, tools=("mpirun",))
+        return RemoteSession(prep, settings, MpirunBackend, stages=True)
+
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run mpirun under supervision, report every rank."""
+        return run_to_end(self, job, options)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LauncherRun:
+        """Write the job's files and start mpirun (its daemons through the agents, if any)."""
         hosts = prepare_launcher(job, job.launcher_env, "mpirun", MPIRUN_MISSING)
         output = Output(options, hosts, launcher="mpirun")
         report = FailureReport()
@@ -177,10 +203,14 @@ class MpirunBackend:
         def demux(child: Child, stream: str) -> Feed:
             return TagDemux(output, stream, report)
 
-        with relayed(self.agents, job, options.grace_period) as relay:
+        with contextlib.ExitStack() as stack:
+            relay = stack.enter_context(relayed(self.agents, job, options.grace_period))
             env = {**job.launcher_env, **relay.environ}
-            run = supervise_launcher(job, env, output, options.grace_period, demux)
-        return rank_results(run, hosts, report, relay.lost)
+            run = start_launcher(job, env, output, options.grace_period, demux, control)
+            return LauncherRun(
+                run, stack.pop_all(), lambda done: rank_results(done, hosts, report, relay.lost)
+            )
+        raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
 @dataclass(frozen=True)

@@ -30,25 +30,36 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
-from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
-from poprun_py.backends.slurm_alloc import cancel_steps, step_names
-from poprun_py.errors import BackendError
-from poprun_py.process.supervise import (
-    LAUNCHER_INDEX,
-    Child,
-    Feed,
-    Output,
-    Supervised,
+from poprun_py.backends.base import Checked, Defaults, run_to_end
+from poprun_py.backends.external import (
+    LauncherRun,
+    how_ended,
+    prepare_launcher,
+    start_launcher,
 )
+from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.slurm_alloc import (
+    SlurmRequest,
+    allocated,
+    batch_script,
+    cancel_steps,
+    current_allocation,
+    step_names,
+)
+from poprun_py.errors import BackendError, Fault, PreflightError
+from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.supervise import Child, Feed, Supervised
 
 if TYPE_CHECKING:
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
 
 SRUN_MISSING = "srun not found on PATH; install Slurm's clients (Debian: slurm-client)"
@@ -151,7 +162,7 @@ class LabelDemux:
         self._output.emit(LAUNCHER_INDEX, self._stream, line)
 
 
-class SlurmBackend:
+class SlurmBackend(Defaults):
     """Runs ``job.launcher`` (an ``srun`` argv) and maps its outcome onto every task.
 
     ``environ`` is added to srun's environment, e.g. ``Allocation.environ`` of an allocation
@@ -163,8 +174,25 @@ class SlurmBackend:
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = dict(environ or {})
 
+    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
+        """Outside an allocation: an sbatch script that runs this same launch inside the
+        allocation it asks for. Inside one: None (the launch itself is what runs)."""
+        if current_allocation(os.environ) is not None:
+            return None
+        return batch_script(
+            slurm_request(prep), launch_argv, plan=prep.plan, templates_dir=prep.templates
+        )
+
+    def open(self, prep: Prepared, settings: RunSettings) -> SlurmSession:
+        """The current allocation, or one asked for with salloc (released on close)."""
+        return SlurmSession(prep)
+
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run srun under supervision, report every task."""
+        return run_to_end(self, job, options)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LauncherRun:
+        """Write the job's files and start the srun step; no step outlives ``wait``."""
         env = {**job.launcher_env, **self.environ}
         hosts = prepare_launcher(job, env, "slurm", SRUN_MISSING)
         output = Output(options, hosts, launcher="srun")
@@ -173,11 +201,56 @@ class SlurmBackend:
         def demux(child: Child, stream: str) -> Feed:
             return LabelDemux(output, stream, report, len(hosts))
 
-        try:
-            run = supervise_launcher(job, env, output, options.grace_period, demux)
-        finally:
-            leave_nothing(job, env)
-        return task_results(run, hosts, report)
+        with contextlib.ExitStack() as stack:
+            stack.callback(leave_nothing, job, env)
+            run = start_launcher(job, env, output, options.grace_period, demux, control)
+            return LauncherRun(run, stack.pop_all(), lambda done: task_results(done, hosts, report))
+        raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
+
+
+def slurm_request(prep: Prepared) -> SlurmRequest:
+    """The allocation a slurm job needs: its hosts (when named), tasks and limits."""
+    plan, opts = prep.plan, prep.options
+    named = tuple(h.name for h in plan.hosts if h.name != "localhost")
+    return SlurmRequest(
+        nodes=len(plan.hosts),
+        tasks=plan.num_instances,
+        time=opts.slurm_time,
+        partition=opts.slurm_partition,
+        account=opts.slurm_account,
+        nodelist=named if len(named) == len(plan.hosts) else (),
+    ).check()
+
+
+class SlurmSession:
+    """One launch inside an allocation: srun must be on PATH; steps run in the allocation."""
+
+    def __init__(self, prep: Prepared):
+        self.prep = prep
+        self.stack = contextlib.ExitStack()
+        self.environ: dict[str, str] = {}
+
+    def preflight(self, prep: Prepared) -> Checked:
+        """srun is on PATH; then the allocation (asked for now when there is none)."""
+        if shutil.which("srun") is None:
+            raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
+        alloc = self.stack.enter_context(allocated(slurm_request(prep)))
+        self.environ = dict(alloc.environ)
+        return Checked(prep, {})
+
+    def sync(self, paths: Sequence[str]) -> None:
+        """Nodes of an allocation share the job directory (see the README)."""
+
+    def stage(self, job: RenderedJob) -> None:
+        """srun's tasks read the job's files from the job directory."""
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LauncherRun:
+        """Start the step inside the allocation."""
+        return SlurmBackend(self.environ).start(job, options, control)
+
+    def close(self) -> None:
+        """Release an allocation poprun-py asked for."""
+        self.stack.close()
 
 
 def leave_nothing(job: RenderedJob, env: Mapping[str, str]) -> None:

@@ -8,8 +8,9 @@ costs one login session per host. The agent then gets the host's part of the job
 line on stdin -- shard files, ``job.files`` and every instance's argv, environment and cwd, so
 no environment value (secrets included) is ever in an argv or in ``ps`` -- writes the files
 (0600), starts each instance in its own process group, reports ``p IDX PID`` first, then
-streams tagged output lines and each exit. For other launchers (mpirun), :func:`stage_job`
-writes the job's files through the same agents (``put`` requests), and
+streams tagged output lines and each exit. For other launchers (mpirun),
+:func:`~poprun_py.agent.client.stage_job` writes the job's files through the same agents (``put``
+requests), and
 :mod:`poprun_py.agent.relay` gives each agent Open MPI's daemon as its job.
 
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
@@ -30,59 +31,56 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib.util
-import json
-import marshal
 import os
-import posixpath
 import secrets
-import select
 import selectors
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from poprun_py.agent import host as remote_agent
-from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
-from poprun_py.errors import Fault, PreflightError
-from poprun_py.process.supervise import Output
+from poprun_py.agent.client import (
+    HEARTBEAT,
+    INSTANCE_RECORDS,
+    KILL_WAIT,
+    LIVENESS,
+    START_TIMEOUT,
+    AgentConnection,
+    AgentLink,
+    AgentPool,
+    Timing,
+    agent_header,
+    host_files,
+)
+from poprun_py.backends.base import Defaults, run_to_end
+from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.process.output import Output
+from poprun_py.process.signals import Control
 
 if TYPE_CHECKING:
-    import paramiko
-
-    from poprun_py.core.spec import HostSpec
+    from poprun_py.backends.session import RemoteSession
+    from poprun_py.prepare.job import Prepared
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.transport import Connection, ConnectionPool, RemoteResult, SshSettings
-
-T = TypeVar("T")
-HEARTBEAT = 0.5  # both ways: seconds of silence after which a side says "h"
-LIVENESS = 3.0  # a host (or poprun-py, for the agent) silent this long is gone
-KILL_WAIT = 3.0  # after SIGKILL, how long an agent has to report before its host is lost
-START_TIMEOUT = 30.0  # until its first word: a login shell on a loaded host can take seconds
-AGENT_START = (
-    "sh",
-    "-c",
-    'for p in /usr/bin/python3 python3; do if command -v "$p" >/dev/null 2>&1; then '
-    'exec "$p" -S -c "$0" "$@"; fi; done; echo "poprun-py agent: no python3 on PATH" >&2; exit 127',
-)
-"""Runs the agent bootstrap with the host's python3 (the system one first: it starts fastest)."""
-_INSTANCE_RECORDS = frozenset((b"p", b"o", b"e", b"x", b"k", b"f", b"n"))
+    from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 
-class SshBackend:
+class SshBackend(Defaults):
     """Runs each host's instances over SSH; stops all of them on the first failure anywhere."""
 
     name = "ssh"
 
+    def open(self, prep: Prepared, settings: RunSettings) -> RemoteSession:
+        """One connection and agent per host; the agents run the job (and write its files)."""
+        from poprun_py.backends.session import RemoteSession
+
+        def runner(agents: AgentPool) -> SshBackend:
+            return SshBackend(agents, **self._timing_args())
+
+        return RemoteSession(prep, settings, runner, stages=False)
+
     def __init__(
         self,
-        pool_or_settings: AgentPool | ConnectionPool | SshSettings,
+        pool_or_settings: AgentPool | ConnectionPool | SshSettings | None = None,
         *,
         heartbeat: float = HEARTBEAT,
         liveness: float = LIVENESS,
@@ -93,282 +91,43 @@ class SshBackend:
         self.start_timeout = start_timeout
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
-        """Start (or reuse) every host's agent, supervise the job to the end, report all."""
+        """Start (or reuse) every host's agent, supervise the job to the end, report all
+        (fail-fast, with the signal handlers installed for this call)."""
         from poprun_py.ssh.transport import ConnectionPool
 
         given = self._given
-        if isinstance(given, AgentPool):
-            return self._run(given, job, options)
-        if isinstance(given, ConnectionPool):
-            return self._run(AgentPool(given), job, options)
-        with ConnectionPool([h.spec for h in job.plan.hosts], given) as pool:
-            return self._run(AgentPool(pool), job, options)
+        if isinstance(given, AgentPool | ConnectionPool):
+            return run_to_end(self, job, options)
+        with ConnectionPool([h.spec for h in job.plan.hosts], given or _default_settings()) as pool:
+            return run_to_end(SshBackend(AgentPool(pool), **self._timing_args()), job, options)
 
-    def _run(self, agents: AgentPool, job: RenderedJob, options: RunOptions) -> LaunchResult:
+    def _timing_args(self) -> dict[str, float]:
+        return {
+            "heartbeat": self.heartbeat,
+            "liveness": self.liveness,
+            "start_timeout": self.start_timeout,
+        }
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> SshRun:
+        """Hand every host its part of the job; the returned run is waited on for the rest."""
+        from poprun_py.ssh.transport import ConnectionPool
+
+        given = self._given
+        if not isinstance(given, AgentPool | ConnectionPool):
+            raise TypeError("SshBackend.start needs the hosts' agents (an AgentPool)")
+        agents = given if isinstance(given, AgentPool) else AgentPool(given)
         agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
         timing = Timing(options.grace_period, self.heartbeat, self.liveness, self.start_timeout)
         output = Output(options, {c.index: c.host for c in job.instances})
-        try:
-            with _Watch() as watch:
-                return _Run(job, agents, output, timing, watch).run()
-        finally:
-            output.close()
+        run = SshRun(job, agents, output, timing, control)
+        run.start()
+        return run
 
 
-class AgentPool:
-    """An agent on every host of a ConnectionPool, each started once on first use.
+def _default_settings() -> SshSettings:
+    from poprun_py.ssh.transport import SshSettings
 
-    ``map`` and ``hosts``/``settings`` are the pool's, but ``fn`` gets an
-    :class:`AgentConnection`, whose ``run`` executes through the agent: preflight can run its
-    checks here, and the ssh backend then runs the job on the same agents.
-    """
-
-    def __init__(self, pool: ConnectionPool):
-        self.pool = pool
-        self._agents: dict[str, AgentConnection] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def hosts(self) -> tuple[HostSpec, ...]:
-        """The pool's hosts."""
-        return self.pool.hosts
-
-    @property
-    def settings(self) -> SshSettings:
-        """The pool's SSH settings."""
-        return self.pool.settings
-
-    def agent(self, conn: Connection) -> AgentConnection:
-        """The agent on ``conn``'s host, started now if it is not running yet."""
-        with self._lock:
-            agent = self._agents.get(conn.name)
-        if agent is None:
-            agent = AgentConnection.start(conn)
-            with self._lock:
-                self._agents[conn.name] = agent
-        return agent
-
-    def agent_on(self, host: str) -> AgentConnection:
-        """The agent on ``host``, over its open connection; ConnectionLost when it has none."""
-        from poprun_py.ssh.transport import ConnectionLost
-
-        conn = self.pool.connections.get(host)
-        if conn is None:
-            raise ConnectionLost(host, f"no open connection to host {host}")
-        return self.agent(conn)
-
-    def map(
-        self,
-        fn: Callable[[AgentConnection], T],
-        hosts: Iterable[str] | None = None,
-        *,
-        connect: bool = False,
-    ) -> dict[str, T | BaseException]:
-        """``fn`` on every host's agent in parallel (see ConnectionPool.map); every outcome."""
-        return self.pool.map(lambda conn: fn(self.agent(conn)), hosts, connect=connect)
-
-    def close(self, wait: float = 3.0) -> None:
-        """End every agent: EOF on its stdin (it stops whatever is left and exits), wait up to
-        ``wait`` seconds for all of them to have exited, then close the channels -- so nothing
-        of poprun-py's is still running on any host when this returns."""
-        with self._lock:
-            agents, self._agents = list(self._agents.values()), {}
-        for agent in agents:
-            agent.send_eof()
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not all(a.exited() for a in agents):
-            time.sleep(0.01)
-        for agent in agents:
-            agent.close()
-
-
-@functools.cache
-def agent_payload() -> tuple[list[str], bytes]:
-    """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
-    is by a host whose Python has this bytecode magic) and its source (compiled there if not)."""
-    source = Path(remote_agent.__file__).read_bytes()
-    code = marshal.dumps(compile(source, "poprun-agent", "exec"))
-    return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
-
-
-class AgentConnection:
-    """One host's agent channel; ``run`` works like :meth:`Connection.run` until the job."""
-
-    def __init__(self, conn: Connection, channel: paramiko.Channel):
-        self.conn, self.channel = conn, channel
-        self.name = conn.name
-        self.buffer = b""
-        self.stderr = b""
-        self.answered = False
-        self._requests = 0
-        self._lock = threading.Lock()  # one request at a time per agent
-        self._send_lock = threading.Lock()  # whole lines: heartbeats come from another thread
-
-    @classmethod
-    def start(cls, conn: Connection) -> AgentConnection:
-        """Start the agent on a new channel of ``conn`` and send it its source."""
-        args, payload = agent_payload()
-        channel = conn.start([*AGENT_START, remote_agent.BOOTSTRAP, *args])
-        channel.sendall(payload)
-        return cls(conn, channel)
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-    ) -> RemoteResult:
-        """Run ``argv`` on the host through the agent and return its outcome."""
-        with self._lock:
-            return self._run(argv, stdin, env, cwd, timeout)
-
-    def _run(
-        self,
-        argv: Sequence[str],
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        timeout: float | None,
-    ) -> RemoteResult:
-        from poprun_py.ssh.transport import RemoteResult, RemoteTimeout
-
-        started = time.monotonic()
-        self._requests += 1
-        request = {
-            "id": self._requests,
-            "argv": list(argv),
-            "env": dict(env or {}),
-            "cwd": cwd,
-            "timeout": timeout,
-            "stdin": (stdin or b"").decode("utf-8", "surrogateescape"),
-        }
-        self.send(b"run " + json.dumps(request).encode())
-        limit = None if timeout is None else started + timeout + max(5.0, timeout)
-        reply = json.loads(self._reply(limit))
-        if reply["timeout"]:
-            what = " ".join(argv)
-            raise RemoteTimeout(self.name, f"{self.name}: {what} timed out after {timeout:g} s")
-        duration = time.monotonic() - started
-        return RemoteResult(self.name, reply["code"], reply["stdout"], reply["stderr"], duration)
-
-    def put(self, files: Sequence[Mapping[str, str]], timeout: float = START_TIMEOUT) -> str:
-        """Write ``files`` (``path``, ``text``) on the host, mode 0600, through the agent;
-        '' or what went wrong there."""
-        with self._lock:
-            self._requests += 1
-            request = {"id": self._requests, "files": list(files)}
-            self.send(b"put " + json.dumps(request).encode())
-            reply = json.loads(self._reply(time.monotonic() + timeout))
-        return str(reply.get("error") or "")
-
-    def send(self, line: bytes) -> None:
-        """Send one line to the agent."""
-        with self._send_lock:
-            self.channel.sendall(line + b"\n")
-
-    def pending(self) -> bool:
-        """True if data has arrived that nobody has read yet."""
-        return bool(self.channel.recv_ready() or self.channel.recv_stderr_ready())
-
-    def receive(self) -> tuple[bytes, bool]:
-        """Whatever has arrived (stderr kept aside), and whether the channel has ended."""
-        channel, data = self.channel, b""
-        while channel.recv_stderr_ready():
-            self.stderr = (self.stderr + channel.recv_stderr(65536))[-4096:]
-        while channel.recv_ready():
-            data += channel.recv(65536)
-        self.answered = self.answered or bool(data)
-        ended = not channel.recv_ready() and bool(channel.eof_received or channel.closed)
-        return data, ended
-
-    def _reply(self, deadline: float | None) -> bytes:
-        from poprun_py.ssh.transport import ConnectionLost, RemoteTimeout
-
-        while True:
-            while b"\n" in self.buffer:
-                line, _, self.buffer = self.buffer.partition(b"\n")
-                if line.startswith(b"R "):
-                    return line[2:]
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                raise RemoteTimeout(self.name, f"the agent on {self.name} did not answer")
-            select.select([self.channel], [], [], wait)
-            data, ended = self.receive()
-            self.buffer += data
-            if ended and b"\n" not in self.buffer:
-                raise ConnectionLost(self.name, self.why_ended())
-
-    def why_ended(self) -> str:
-        """A one-line reason why the agent's channel ended early."""
-        said = self.stderr.decode("utf-8", "replace").strip().splitlines()
-        if said:
-            return f"the agent on host {self.name} ended: {said[-1]}"
-        return f"the connection to host {self.name} closed"
-
-    def send_eof(self) -> None:
-        """Close our side of the agent's stdin: it stops whatever is left and exits."""
-        with contextlib.suppress(Exception):
-            self.channel.shutdown_write()
-
-    def exited(self) -> bool:
-        """True once the agent process has exited (or its channel is gone): its stdout reached
-        EOF. (The exit status may come earlier: the agent runs in a session of its own.)"""
-        try:
-            return bool(self.channel.closed or self.channel.eof_received)
-        except Exception:  # a broken channel has nothing left to wait for
-            return True
-
-    def close(self) -> None:
-        """Close the channel (the agent sees EOF and stops whatever is left)."""
-        with contextlib.suppress(Exception):
-            self.channel.close()
-
-
-def stage_job(agents: AgentPool, job: RenderedJob) -> None:
-    """Write ``job.files`` and each instance's shard file on its host, through the hosts'
-    agents in parallel (for launchers such as mpirun, whose ranks read them): no new session.
-    PreflightError (nothing started) naming every host where that failed."""
-    hosts = sorted({c.host for c in job.instances})
-    outcomes = agents.map(lambda a: a.put(host_files(job, a.name)), hosts, connect=True)
-    faults = [
-        Fault(host, "stage job files", str(outcome))
-        for host, outcome in sorted(outcomes.items())
-        if outcome
-    ]
-    if faults:
-        raise PreflightError(faults)
-
-
-def host_files(job: RenderedJob, host: str) -> list[dict[str, str]]:
-    """What the agent on ``host`` writes: ``job.files`` and the shard files of its instances."""
-    files = [
-        {"path": posixpath.join(job.job_dir, name), "text": text}
-        for name, text in job.files.items()
-    ]
-    files += [
-        {"path": posixpath.join(job.job_dir, c.shard_file), "text": c.shard_text}
-        for c in job.instances
-        if c.host == host and c.shard_file
-    ]
-    return files
-
-
-def agent_header(
-    run_id: str, host: str, timing: Timing, instances: list[dict[str, Any]], files: list[Any]
-) -> dict[str, Any]:
-    """An agent's job: its run id (per host: test hosts share one /proc), timings, files to
-    write and instances (``index``, ``argv``, ``env``, ``cwd``) to start."""
-    return {
-        "run_id": f"{run_id}-{host}",
-        "grace": timing.grace,
-        "heartbeat": timing.heartbeat,
-        "liveness": timing.liveness,
-        "files": files,
-        "instances": instances,
-    }
+    return SshSettings.of()
 
 
 def _host_header(job: RenderedJob, host: str, run_id: str, timing: Timing) -> dict[str, Any]:
@@ -381,97 +140,9 @@ def _host_header(job: RenderedJob, host: str, run_id: str, timing: Timing) -> di
     return agent_header(run_id, host, timing, instances, host_files(job, host))
 
 
-@dataclass(frozen=True)
-class Timing:
-    grace: float
-    heartbeat: float
-    liveness: float
-    start_timeout: float
-
-
-class _Watch:
-    """SIGINT/SIGTERM counter with a wake-up pipe (handlers only on the main thread)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Watch:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-        os.close(self.wake_r)
-        os.close(self.wake_w)
-
-    def _on(self, signum: int, frame: object) -> None:
-        self.count += 1
-        with contextlib.suppress(OSError):
-            os.write(self.wake_w, b"\0")
-
-
-class AgentLink:
-    """One host's agent during the job: records in, control lines out, when last heard."""
-
-    def __init__(self, host: str, indexes: Sequence[int]):
-        self.host, self.indexes = host, tuple(indexes)
-        self.agent: AgentConnection | None = None
-        self.heard = time.monotonic()
-        self.heard_wall = time.time()
-        self.done = False  # the agent said "d", or the host is lost
-
-    def start(self, agent: AgentConnection, header: dict[str, Any]) -> None:
-        """Hand the job to the agent."""
-        agent.send(b"job " + json.dumps(header).encode())
-        self.agent = agent
-        self.heard, self.heard_wall = time.monotonic(), time.time()
-
-    def send(self, line: bytes) -> None:
-        """Send one control line; a dead channel shows up as silence or EOF, not here."""
-        if self.agent is not None and not self.done:
-            with contextlib.suppress(OSError, EOFError):
-                self.agent.send(line)
-
-    def receive(self) -> tuple[list[bytes], bool]:
-        """Complete records received so far, and whether the channel has ended."""
-        assert self.agent is not None
-        data, ended = self.agent.receive()
-        if data:
-            self.heard, self.heard_wall = time.monotonic(), time.time()
-        *records, self.agent.buffer = (self.agent.buffer + data).split(b"\n")
-        return records, ended
-
-    def pending(self) -> bool:
-        """True if the agent has said something not read yet (the host is alive)."""
-        return self.agent is not None and self.agent.pending()
-
-    def close(self) -> None:
-        """Close the channel (the agent sees EOF and stops whatever is left)."""
-        if self.agent is not None:
-            self.agent.close()
-
-    def silence_limit(self, timing: Timing) -> float:
-        """How long this host may stay silent: longer while its agent is still starting."""
-        answered = self.agent is not None and self.agent.answered
-        return timing.liveness if answered else timing.start_timeout
-
-    def why_lost(self, silence: float | None = None) -> str:
-        """A one-line reason for losing this host."""
-        if silence is not None and not (self.agent and self.agent.answered):
-            return f"the agent on host {self.host} did not start within {silence:.0f} s"
-        if silence is not None:
-            return f"host {self.host} stopped answering ({silence:.1f} s without a heartbeat)"
-        assert self.agent is not None
-        return self.agent.why_ended()
-
-
-class _Run:
-    """One supervised run across hosts: start the agents, route records, apply the rules."""
+class SshRun:
+    """One supervised run across hosts: start the agents, route records, report every end to
+    the Control (whose policy decides to stop), and stop on its requests."""
 
     def __init__(
         self,
@@ -479,10 +150,10 @@ class _Run:
         agents: AgentPool,
         output: Output,
         timing: Timing,
-        watch: _Watch,
+        control: Control,
     ):
         self.job, self.agents, self.output = job, agents, output
-        self.timing, self.watch = timing, watch
+        self.timing, self.control = timing, control
         self.run_id = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.hosts = {c.index: c.host for c in job.instances}
         by_host: dict[str, list[int]] = {}
@@ -495,26 +166,41 @@ class _Run:
         self.kill_at: float | None = None  # set when the stop begins
         self.lose_at: float | None = None  # set when SIGKILL was sent
         self.t0 = time.time()
+        self.stop_beating = threading.Event()
+        self.beater = threading.Thread(
+            target=self.beat, args=(self.stop_beating,), daemon=True, name="poprun-heartbeat"
+        )
 
-    def run(self) -> LaunchResult:
-        """Start every agent, loop until every host is done, return every instance's result."""
-        self.sel.register(self.watch.wake_r, selectors.EVENT_READ, None)
-        stop_beating = threading.Event()
-        beater = threading.Thread(target=self.beat, args=(stop_beating,), daemon=True)
-        beater.start()
+    def start(self) -> None:
+        """Start the heartbeats and hand every host its job."""
+        self.sel.register(self.control.wake_fd, selectors.EVENT_READ, None)
+        self.beater.start()
         try:
             self.start_all()
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self) -> LaunchResult:
+        """Loop until every host is done, clean up, return every instance's result."""
+        try:
             while not all(link.done for link in self.links.values()):
                 for key, _ in self.sel.select(self.timeout()):
                     self.pump(key.data)
                 self.tick(time.monotonic())
         finally:
-            stop_beating.set()
-            beater.join()
-            self.close_links()
-            self.sel.close()
+            self.close()
         results = tuple(self.result(index) for index in sorted(self.hosts))
-        return LaunchResult(results, self.watch.count > 0, time.time() - self.t0)
+        return LaunchResult(results, self.control.interrupted, time.time() - self.t0)
+
+    def close(self) -> None:
+        """Stop the heartbeats, end every agent, close the selector and the logs."""
+        self.stop_beating.set()
+        if self.beater.is_alive():
+            self.beater.join()
+        self.close_links()
+        self.sel.close()
+        self.output.close()
 
     def close_links(self, wait: float = 3.0) -> None:
         """End every host's agent: EOF on its stdin, then wait (together, at most ``wait``
@@ -563,8 +249,7 @@ class _Run:
     def pump(self, link: AgentLink | None) -> None:
         """Handle what one channel (or the signal pipe, for None) has to say."""
         if link is None:
-            with contextlib.suppress(OSError):
-                os.read(self.watch.wake_r, 1024)
+            self.control.drain()
             return
         records, ended = link.receive()
         for record in records:
@@ -579,7 +264,7 @@ class _Run:
             self.forget(link)
             return
         number, _, text = rest.partition(b" ")
-        if kind not in _INSTANCE_RECORDS or not number.isdigit() or int(number) not in link.indexes:
+        if kind not in INSTANCE_RECORDS or not number.isdigit() or int(number) not in link.indexes:
             return  # a heartbeat, or noise
         index = int(number)
         if kind in (b"o", b"e"):
@@ -612,8 +297,7 @@ class _Run:
         ended = result.ended or now
         started = self.started.get(result.index, ended)
         self.results[result.index] = replace(result, started=started, ended=ended)
-        if result.failed:
-            self.stop()
+        self.control.ended(self.results[result.index])
 
     def lose(self, link: AgentLink, reason: str, when: float | None = None) -> None:
         """A host is gone: its unfinished instances are lost, dated when it was last heard
@@ -644,9 +328,9 @@ class _Run:
 
     def tick(self, now: float) -> None:
         """Interrupts, liveness, and the SIGKILL and give-up deadlines."""
-        if self.watch.count:
+        if self.control.stopping:
             self.stop()
-        if self.watch.count > 1 and self.kill_at is not None:
+        if self.control.kill_now and self.kill_at is not None:
             self.kill_at = min(self.kill_at, now)
         for link in self.links.values():
             silence = now - link.heard

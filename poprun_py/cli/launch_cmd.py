@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
-from poprun_py.errors import UsageError
+from poprun_py.errors import OWN_CODES, UsageError
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 if TYPE_CHECKING:
-    from poprun_py.backends.base import LaunchResult
+    from poprun_py.backends.result import LaunchResult
     from poprun_py.core.plan import LaunchPlan
 
 
@@ -143,15 +143,16 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
 
 
 def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
+    from poprun_py.backends import get_backend
     from poprun_py.launch import launcher
     from poprun_py.render.job import format_job, job_dict
 
-    if prep.backend == "slurm" and not with_plan and fmt == "table" and not _in_allocation():
-        sys.stdout.write(_batch_script(prep, output_dir))
-        return
-    job_dir = launcher.job_dir_for(prep.plan, output_dir)
-    local = not launcher.is_remote(prep) and prep.backend != "slurm"
-    job = launcher.render(prep, job_dir, launcher.local_available(prep) if local else {})
+    if not with_plan and fmt == "table":
+        script = get_backend(prep.backend).batch_script(prep, launch_argv(prep.options, output_dir))
+        if script is not None:
+            sys.stdout.write(script)
+            return
+    job = launcher.render_for_show(prep, output_dir)
     if fmt == "json":
         json.dump(job_dict(job), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -161,27 +162,6 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
     sys.stdout.write(format_job(job, masked=True))
     if with_plan:
         sys.stderr.write("dry run: nothing was started\n")
-
-
-def _in_allocation() -> bool:
-    import os
-
-    from poprun_py.backends.slurm_alloc import current_allocation
-
-    return current_allocation(os.environ) is not None
-
-
-def _batch_script(prep: Prepared, output_dir: str | None) -> str:
-    """An sbatch script that runs this same launch inside the allocation it asks for."""
-    from poprun_py.backends.slurm_alloc import batch_script
-    from poprun_py.launch import launcher
-
-    return batch_script(
-        launcher.slurm_request(prep),
-        launch_argv(prep.options, output_dir),
-        plan=prep.plan,
-        templates_dir=prep.templates,
-    )
 
 
 def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]:
@@ -260,7 +240,13 @@ def _describe_root(result: "LaunchResult") -> str:
     else:
         what = f"exited with code {root.exit_code}"
     detail = f" ({root.detail})" if root.detail else ""
-    return f"instance {root.index} on {root.host} {what}{detail}; every other instance was stopped"
+    own = ""
+    if root.state != "lost" and root.code in OWN_CODES:
+        own = f" (exit code {root.code} is the instance's own, not poprun-py's)"
+    return (
+        f"instance {root.index} on {root.host} {what}{detail}{own}; "
+        "every other instance was stopped"
+    )
 
 
 def _print_summary(result: "LaunchResult") -> None:

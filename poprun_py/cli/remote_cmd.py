@@ -26,6 +26,7 @@ import typer
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
+from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
@@ -189,7 +190,8 @@ def _sync_with_progress(
                 done[host] = sent
                 bar.update(task, completed=sum(done.values()), total=total * len(pool.hosts))
 
-        return sync(pool, paths, dest, progress, method=method)
+        with interrupting():
+            return sync(pool, paths, dest, progress, method=method)
 
 
 def _print_sync_summary(report: SyncReport) -> None:

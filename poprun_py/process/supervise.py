@@ -8,10 +8,12 @@ One selector loop on the calling thread reads every stdout/stderr pipe and learn
 through pidfds. Output goes through a :class:`Feed` per pipe: by default :class:`LineFeed`,
 which splits lines for an :class:`Output` (per-instance logs, ``only_output_from``, the sink).
 
-When a child fails (non-zero exit, death by a signal, or a program that cannot be started),
-every other child's process group gets SIGTERM, and SIGKILL after the grace period. SIGINT,
-SIGTERM and SIGHUP to poprun-py stop everything the same way (handlers are installed only on
-the main thread, and restored after); a second one sends SIGKILL at once.
+Every child's end is reported to the run's :class:`~poprun_py.process.signals.Control`, whose
+policy (fail-fast by default) asks for a stop when a child fails (non-zero exit, death by a
+signal, or a program that cannot be started): then every other child's process group gets
+SIGTERM, and SIGKILL after the grace period. SIGINT, SIGTERM and SIGHUP to poprun-py reach the
+same Control through :mod:`poprun_py.process.signals` and stop everything the same way; a
+second one sends SIGKILL at once.
 
 Nothing is left behind: poprun-py makes itself a child subreaper (Linux), so every descendant
 stays in its subtree, and once its children are gone (or at a stop) it sweeps ``/proc`` for
@@ -37,16 +39,13 @@ import os
 import secrets
 import select
 import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from poprun_py.backends.base import InstanceResult, LaunchResult, OutputSink, RunOptions
-from poprun_py.errors import UsageError
+from poprun_py.backends.result import InstanceResult, LaunchResult
+from poprun_py.process.output import LineFeed, Output
 from poprun_py.process.proctree import (
     Launched,
     ProcStat,
@@ -62,18 +61,15 @@ from poprun_py.process.proctree import (
     starttime,
     subreaper,
 )
+from poprun_py.process.signals import Control, handling_signals
 
 if TYPE_CHECKING:
-    from poprun_py.render.job import RenderedJob
-
-LAUNCHER_INDEX = -1
-"""The index output lines of a whole-job launcher (mpirun, srun) carry when no rank owns them."""
+    pass
 
 RUN_ID_VAR = "POPRUN_RUN_ID"
 """Set in every child's environment; the sweep uses it to find descendants that escaped."""
 
 _READ_SIZE = 65536
-_MAX_LINE = 1 << 20  # a "line" this long without a newline is shown in pieces
 _POLL_FALLBACK = 0.05
 _DRAIN_TIMEOUT = 1.0
 
@@ -160,109 +156,6 @@ FeedFactory = Callable[[Child, str], Feed]
 """Makes the Feed for one child's stream (``stdout`` or ``stderr``)."""
 
 
-def prefixed_sink(hosts: Mapping[int, str], launcher: str = "launcher") -> OutputSink:
-    """The default sink: ``[host:index] line`` to sys.stdout or sys.stderr, by stream.
-
-    Lines of the launcher itself (index ``LAUNCHER_INDEX``) are prefixed ``[launcher]``.
-    """
-
-    def sink(index: int, stream: str, line: str) -> None:
-        tag = launcher if index == LAUNCHER_INDEX else f"{hosts.get(index, '?')}:{index}"
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        out.write(f"[{tag}] {line}\n")
-        out.flush()
-
-    return sink
-
-
-class Output:
-    """Routes output lines: to ``output_dir/instance-<N>.log`` (raw, unprefixed; launcher lines
-    to ``output_dir/<launcher>.log``) and to the sink. With ``only_output_from`` set, stdout of
-    other instances is not shown; stderr and launcher lines always are."""
-
-    def __init__(self, options: RunOptions, hosts: Mapping[int, str], launcher: str = "launcher"):
-        self._only = options.only_output_from
-        self._sink = options.sink or prefixed_sink(hosts, launcher)
-        self._logs: dict[int, IO[bytes]] = {}
-        self._dir = options.output_dir
-        self._launcher = launcher
-        if self._dir is not None:
-            Path(self._dir).mkdir(parents=True, exist_ok=True)
-            for index in hosts:
-                self._logs[index] = (Path(self._dir) / f"instance-{index}.log").open("wb")
-
-    def emit(self, index: int, stream: str, line: bytes) -> None:
-        """One line (without its newline) from instance ``index`` on ``stream``."""
-        log = self._logs.get(index)
-        if log is None and index == LAUNCHER_INDEX and self._dir is not None:
-            log = self._logs[index] = (Path(self._dir) / f"{self._launcher}.log").open("wb")
-        if log is not None:
-            log.write(line + b"\n")
-        if stream == "stdout" and self._only is not None and index not in (self._only, -1):
-            return
-        self._sink(index, stream, line.decode("utf-8", "replace"))
-
-    def close(self) -> None:
-        """Flush and close every log file."""
-        for log in self._logs.values():
-            log.close()
-        self._logs.clear()
-
-
-class LineFeed:
-    """Splits a pipe's bytes into lines for one instance's stream."""
-
-    def __init__(self, output: Output, index: int, stream: str):
-        self._output, self._index, self._stream = output, index, stream
-        self._pending = b""
-
-    def feed(self, data: bytes) -> None:
-        """Emit every complete line; keep the tail (emitted anyway once it grows too long)."""
-        *lines, self._pending = (self._pending + data).split(b"\n")
-        for line in lines:
-            self._output.emit(self._index, self._stream, line)
-        if len(self._pending) > _MAX_LINE:
-            self._output.emit(self._index, self._stream, self._pending)
-            self._pending = b""
-
-    def close(self) -> None:
-        """Emit a last line that had no newline."""
-        if self._pending:
-            self._output.emit(self._index, self._stream, self._pending)
-            self._pending = b""
-
-
-def write_job_files(job: RenderedJob) -> None:
-    """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700).
-
-    UsageError (exit 2, nothing started) when the job directory cannot be written."""
-    root = job.job_dir
-    made: set[str] = set()
-    try:
-        for inst in job.instances:
-            if inst.shard_file:
-                _write_private(os.path.join(root, inst.shard_file), inst.shard_text, made)
-        for name, text in job.files.items():
-            _write_private(os.path.join(root, name), text, made)
-    except OSError as exc:
-        raise UsageError(f"cannot write the job files to {root}: {exc.strerror or exc}") from None
-
-
-def _write_private(path: str, text: str, made: set[str]) -> None:
-    parent = os.path.dirname(path)
-    if parent not in made:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-        made.add(parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
-
-
 def supervise(
     children: Sequence[Child],
     output: Output,
@@ -270,23 +163,26 @@ def supervise(
     grace_period: float = 5.0,
     feeds: FeedFactory | None = None,
     new_session: bool | None = None,
+    control: Control | None = None,
 ) -> Supervised:
     """Run ``children`` to the end; stop them all on the first failure or on SIGINT/SIGTERM.
 
     ``feeds`` makes each pipe's Feed (default: a :class:`LineFeed` into ``output``);
     ``new_session`` forces (or forbids) a session per child (default: when there is a
-    terminal). ``output`` is closed when this returns. Nothing started here outlives the call.
+    terminal). ``control`` carries the stop requests (default: a fresh one, fail-fast, with
+    the signal handlers of :mod:`poprun_py.process.signals` installed for this call).
+    ``output`` is closed when this returns. Nothing started here outlives the call.
     """
-
-    def line_feed(child: Child, stream: str) -> Feed:
-        return LineFeed(output, child.index, stream)
-
-    run = _Run(grace_period, feeds or line_feed, new_session)
-    try:
-        with subreaper() as run.subreaper, run.signal_handlers():
-            return run.run(children)
-    finally:
-        output.close()
+    with contextlib.ExitStack() as stack:
+        if control is None:
+            control = Control()
+            stack.callback(control.close)
+            stack.enter_context(handling_signals(control))
+            control.arm()
+        run = Supervision(output, grace_period, feeds, new_session, control)
+        run.start(children)
+        return run.wait()
+    raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
 @dataclass(frozen=True)
@@ -336,10 +232,6 @@ class _Poller:
             self._poll.close()
 
 
-_STOP_SIGNALS = tuple(
-    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
-)
-
 _Spawned = tuple[Child, Launched | OSError | None, float]
 """A child, what starting it gave (None: not started, a stop had begun), and when."""
 
@@ -355,15 +247,27 @@ class _Proc:
     signalled: bool = False
 
 
-class _Run:
-    """The state of one supervision: the selector loop and the stop sequence."""
+class Supervision:
+    """One supervision: :meth:`start` spawns every child, :meth:`wait` runs the poll loop and
+    the stop sequence to the end (on the calling thread) and cleans up. Stop requests arrive
+    through the :class:`~poprun_py.process.signals.Control`; every child's end is reported to
+    it, and its policy decides whether the rest are stopped."""
 
-    def __init__(self, grace: float, feeds: FeedFactory, new_session: bool | None):
-        self.grace, self.feeds = grace, feeds
+    def __init__(
+        self,
+        output: Output,
+        grace: float,
+        feeds: FeedFactory | None,
+        new_session: bool | None,
+        control: Control,
+    ):
+        def line_feed(child: Child, stream: str) -> Feed:
+            return LineFeed(output, child.index, stream)
+
+        self.output, self.grace, self.feeds = output, grace, feeds or line_feed
+        self.control = control
         self.sel = _Poller()
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
-        self.sel.register(self.wake_r, None)
+        self.sel.register(control.wake_fd, None)
         self.run_id = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.spawner = Spawner({RUN_ID_VAR: self.run_id}, new_session)
         self.subreaper = False
@@ -376,31 +280,16 @@ class _Run:
         self.pipes = 0
         self.stop_at: float | None = None
         self.killed = False
-        self.interrupts = 0
         self.t0 = time.time()
+        self.order: dict[int, int] = {}
+        self._stack = contextlib.ExitStack()
 
-    @contextlib.contextmanager
-    def signal_handlers(self) -> Iterator[None]:
-        """SIGINT, SIGTERM and SIGHUP stop the run (main thread only; a closed terminal must not
-        leave the instances running); the old handlers come back after."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+    def start(self, children: Sequence[Child]) -> None:
+        """Start every child, in order (a failed start or a stop request leaves the rest
+        unstarted). Raises only on a bug; then everything started is killed."""
+        self.order = {c.index: n for n, c in enumerate(children)}
         try:
-            yield
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.interrupts += 1
-        with contextlib.suppress(OSError):
-            os.write(self.wake_w, b"\0")
-
-    def run(self, children: Sequence[Child]) -> Supervised:
-        """Start everything, loop until every child and pipe is done, clean up."""
-        try:
+            self.subreaper = self._stack.enter_context(subreaper())
             for child, outcome, when in self._spawn_all(children):
                 if isinstance(outcome, Launched):
                     self._track(child, outcome, when)
@@ -408,12 +297,25 @@ class _Run:
                     self._not_started(child)
                 else:
                     self._failed_start(child, outcome, when)
+        except BaseException:
+            self._finish()
+            raise
+
+    def wait(self) -> Supervised:
+        """Loop until every child and pipe is done, clean up, return what was observed."""
+        try:
             self._loop()
         finally:
+            self._finish()
+        exits = tuple(sorted(self.exits, key=lambda e: self.order[e.index]))
+        return Supervised(exits, self.control.interrupted, time.time() - self.t0)
+
+    def _finish(self) -> None:
+        try:
             self._abort()
-        order = {c.index: n for n, c in enumerate(children)}
-        exits = tuple(sorted(self.exits, key=lambda e: order[e.index]))
-        return Supervised(exits, self.interrupts > 0, time.time() - self.t0)
+        finally:
+            self._stack.close()
+            self.output.close()
 
     def _spawn_all(self, children: Sequence[Child]) -> Iterator[_Spawned]:
         """Start the children in order, one after another: each start holds this thread only
@@ -423,7 +325,7 @@ class _Run:
 
     def _spawn_one(self, child: Child) -> _Spawned:
         now = time.time()
-        if self.interrupts or self.stop_at is not None or self.start_failed:
+        if self.control.stopping or self.stop_at is not None or self.start_failed:
             return child, None, now
         try:
             return child, self.spawner.start(child.argv, child.env, child.cwd), now
@@ -434,8 +336,9 @@ class _Run:
     def _failed_start(self, child: Child, err: OSError, when: float) -> None:
         code = 127 if isinstance(err, FileNotFoundError) else 126
         detail = f"cannot start {child.argv[0]!r}: {err.strerror or err}"
-        self._record(ChildExit(child.index, child.host, code, when, time.time(), "exited", detail))
-        self._begin_stop()
+        exit_ = ChildExit(child.index, child.host, code, when, time.time(), "exited", detail)
+        self._record(exit_)
+        self.control.ended(exit_.result())
 
     def _track(self, child: Child, launched: Launched, now: float) -> None:
         pid = launched.pid
@@ -488,8 +391,7 @@ class _Run:
             if proc is not None:
                 self._reap(proc)
         else:
-            with contextlib.suppress(OSError):
-                os.read(self.wake_r, 1024)
+            self.control.drain()
 
     def _read(self, pipe: _Pipe) -> None:
         try:
@@ -516,14 +418,14 @@ class _Run:
             os.close(proc.pidfd)
         stopped = proc.signalled and code != 0
         child, state = proc.child, "stopped" if stopped else "exited"
-        self._record(ChildExit(child.index, child.host, code, proc.started, time.time(), state))
-        if code != 0 and not stopped:
-            self._begin_stop()
+        exit_ = ChildExit(child.index, child.host, code, proc.started, time.time(), state)
+        self._record(exit_)
+        self.control.ended(exit_.result())
 
     def _check_stop(self) -> None:
-        if self.interrupts and self.stop_at is None:
+        if self.control.stopping and self.stop_at is None:
             self._begin_stop()
-        if self.interrupts > 1 or (self.stop_at is not None and time.monotonic() >= self.stop_at):
+        if self.control.kill_now or (self.stop_at is not None and time.monotonic() >= self.stop_at):
             self._kill_all()
 
     def _begin_stop(self) -> None:
@@ -610,5 +512,3 @@ class _Run:
                 data.close()
         self.sel.close()
         self.spawner.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)

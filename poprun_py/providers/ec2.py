@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from poprun_py.errors import ProvisionError
-from poprun_py.providers.aws import (
+from poprun_py.providers.awsconfig import (
     EC2,
     LIVE_STATES,
     TAG_CLUSTER,
@@ -33,7 +33,8 @@ from poprun_py.providers.aws import (
     run_request,
 )
 from poprun_py.providers.awserrors import as_provision_error, error_code
-from poprun_py.providers.base import Node, NullReporter, ProvisionRecord, Reporter, Resource
+from poprun_py.providers.base import NullReporter, Reporter
+from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.state import ClusterState, write_private
 
 

@@ -8,7 +8,7 @@ blocks are left out: the inventory describes machines that exist.
 
 Example:
 
-    >>> from poprun_py.providers.base import Node, ProvisionRecord
+    >>> from poprun_py.providers.records import Node, ProvisionRecord
     >>> from poprun_py.core.spec import ClusterSpec
     >>> record = ProvisionRecord("demo", "local", nodes=(Node("pa1", "198.18.3.11", "root"),),
     ...                          known_hosts="/state/demo.known_hosts")
@@ -31,7 +31,7 @@ from typing import Any
 
 from poprun_py.core.spec import ClusterSpec, Defaults, HostSpec
 from poprun_py.core.topology import Topology, format_cpulist
-from poprun_py.providers.base import Node, ProvisionRecord
+from poprun_py.providers.records import Node, ProvisionRecord
 
 
 def inventory_dict(spec: ClusterSpec, record: ProvisionRecord) -> dict[str, Any]:

@@ -22,16 +22,9 @@ from pathlib import Path
 from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import PoprunError, ProvisionError
 from poprun_py.providers import get_provider
-from poprun_py.providers.base import (
-    Node,
-    NullReporter,
-    Provider,
-    ProvisionContext,
-    ProvisionRecord,
-    Reporter,
-    Resource,
-)
+from poprun_py.providers.base import NullReporter, Provider, ProvisionContext, Reporter
 from poprun_py.providers.inventory import inventory_text
+from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.setup import SetupOutcome, run_setup, script_digest
 from poprun_py.providers.state import ClusterState, list_states, write_private
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError, UsageError
-from poprun_py.providers.base import Node, ProvisionContext, ProvisionRecord, Resource
+from poprun_py.providers.base import ProvisionContext
 from poprun_py.providers.netns import DEFAULT_STATE_ROOT, TestCluster
+from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.state import write_private
 
 WAIT_TIMEOUT = 30.0

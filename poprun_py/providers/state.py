@@ -15,7 +15,7 @@ leaves either the old or the new file, never half of one.
 Example:
 
     >>> import tempfile
-    >>> from poprun_py.providers.base import ProvisionRecord
+    >>> from poprun_py.providers.records import ProvisionRecord
     >>> state = ClusterState("demo", Path(tempfile.mkdtemp()))
     >>> state.save(ProvisionRecord("demo", "static"))
     >>> state.load().provider, oct(state.record_path.stat().st_mode & 0o777)
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import ProvisionError, UsageError
-from poprun_py.providers.base import ProvisionRecord
+from poprun_py.providers.records import ProvisionRecord
 
 STATE_ENV = "POPRUN_PY_STATE_DIR"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

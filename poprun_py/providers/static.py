@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 
 from poprun_py.core.spec import ClusterSpec, HostSpec, ProviderSpec
 from poprun_py.errors import UsageError
-from poprun_py.providers.base import SSH_PORT, Node, ProvisionContext, ProvisionRecord, Resource
+from poprun_py.providers.base import ProvisionContext
+from poprun_py.providers.records import SSH_PORT, Node, ProvisionRecord, Resource
 
 WAIT_TIMEOUT = 30.0
 

@@ -222,6 +222,16 @@ class _FileCollector:
 # ------------------------------------------------------------------ public API
 
 
+@dataclass(frozen=True)
+class RenderArgs:
+    """What a backend adds to rendering: launcher options (``--mpi-args`` plus its own), the
+    interface selection, and whether the launcher runs as root."""
+
+    mpi_args: tuple[str, ...] = ()
+    mpi_subnet: str | None = None
+    as_root: bool = False
+
+
 def render_job(
     plan: LaunchPlan,
     backend: str,

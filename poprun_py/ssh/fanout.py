@@ -24,14 +24,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.errors import EXIT_INTERRUPTED, Interrupted
+from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
     from poprun_py.ssh.transport import Connection, ConnectionPool
@@ -91,8 +90,8 @@ def run_everywhere(
 ) -> list[HostOutcome]:
     """Run ``argv`` on every host of ``pool`` (connecting as needed); one outcome per host.
 
-    On Ctrl-C (or SIGTERM) the command's process group is stopped on every host, then
-    Interrupted is raised.
+    On Ctrl-C (or SIGTERM, SIGHUP: :func:`poprun_py.process.signals.interrupting`) the
+    command's process group is stopped on every host, then Interrupted is raised.
     """
     cancel, done = threading.Event(), threading.Event()
     box: dict[str, Any] = {}
@@ -111,7 +110,7 @@ def run_everywhere(
     # finished (CPython's bpo-45274 handling), and the process would exit mid-cleanup.
     threading.Thread(target=work, name="poprun-exec", daemon=True).start()
     try:
-        with _sigterm_as_interrupt():
+        with interrupting():
             while not done.wait(0.2):
                 pass
     except KeyboardInterrupt:
@@ -122,23 +121,6 @@ def run_everywhere(
         raise box["error"]
     outcomes: list[HostOutcome] = box["outcomes"]
     return outcomes
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while waiting (main thread only), so both stop every host."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_all(

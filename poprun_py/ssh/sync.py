@@ -28,6 +28,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -167,7 +168,11 @@ def sync(
             sent = _sftp_push(conn, parents, entries, total, progress)
             return HostSync(conn.name, "sftp", *sent, time.monotonic() - started)
 
-        outcomes = pool.map(push)
+        try:
+            outcomes = pool.map(push)
+        except BaseException:  # interrupted: no rsync outlives the sync
+            stop_rsyncs()
+            raise
     return _report(pool, outcomes, entries, total)
 
 
@@ -272,7 +277,7 @@ def _rsync(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
     )
     assert proc.stdout is not None and proc.stderr is not None
-    with proc:
+    with proc, _running(proc):
         for line in proc.stdout:
             flags, _, rest = line.partition(" ")
             if flags.startswith("<f"):  # a file sent to the host
@@ -287,6 +292,31 @@ def _rsync(
     if progress:
         progress(host, total, total)
     return files, sent
+
+
+_RSYNCS: set[subprocess.Popen[str]] = set()
+_RSYNCS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _running(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """Track a running rsync, so an interrupted sync can stop it (see :func:`stop_rsyncs`)."""
+    with _RSYNCS_LOCK:
+        _RSYNCS.add(proc)
+    try:
+        yield
+    finally:
+        with _RSYNCS_LOCK:
+            _RSYNCS.discard(proc)
+
+
+def stop_rsyncs() -> None:
+    """Terminate every rsync still running (an interrupted sync)."""
+    with _RSYNCS_LOCK:
+        procs = list(_RSYNCS)
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            proc.terminate()
 
 
 # ---------------------------------------------------------------- SFTP

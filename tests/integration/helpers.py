@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.local import LocalBackend
+from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputFile, InputSet

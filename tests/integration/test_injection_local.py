@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.local import LocalBackend
 from poprun_py.backends.mpirun import MpirunBackend
+from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import EnvVar

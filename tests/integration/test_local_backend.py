@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.backends.base import RunOptions
 from poprun_py.backends.local import LocalBackend
+from poprun_py.backends.result import RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.topology import Topology, parse_sysfs_nodes
-from poprun_py.errors import BackendError
+from poprun_py.errors import PreflightError
 from tests.integration.helpers import (
     EXAMPLES,
     REPO,
@@ -126,7 +126,7 @@ def test_instances_run_on_the_cpus_the_plan_binds_them_to(tmp_path: Path) -> Non
         assert allowed[inst.index] == str(sorted(inst.cpus))
 
 
-def test_missing_numactl_is_one_line_backend_error(
+def test_missing_numactl_is_a_one_line_preflight_fault(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = plan_for(
@@ -136,8 +136,9 @@ def test_missing_numactl_is_one_line_backend_error(
     if not any(Path(c.argv[0]).name == "numactl" for c in job.instances):
         pytest.skip("the renderer does not bind through numactl here")
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(BackendError, match=r"^numactl not found on PATH.*$"):
+    with pytest.raises(PreflightError, match=r"numactl not found on PATH[^\n]*$") as err:
         LocalBackend().run(job, RunOptions())
+    assert err.value.exit_code == 3
 
 
 def test_missing_program_fails_its_instance_with_127(tmp_path: Path) -> None:

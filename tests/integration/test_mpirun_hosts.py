@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.agent.client import AgentPool, stage_job
 from poprun_py.agent.rsh_shim import agent_command, mpirun_args
-from poprun_py.backends.base import LaunchResult, RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.backends.ssh import AgentPool, stage_job
+from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.providers.netns import TestCluster, host_pids
@@ -204,7 +204,7 @@ def test_a_failing_rank_is_the_root_cause_and_nothing_is_left_on_any_host(
 DRIVER = """
 import json, sys
 from pathlib import Path
-from poprun_py.backends.base import RunOptions
+from poprun_py.backends.result import RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_mpirun_hosts import mpirun_job, plan_on, staged

@@ -22,7 +22,8 @@ import pytest
 from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError
 from poprun_py.prepare.specfile import load_cluster
-from poprun_py.providers.aws import AwsProvider, default_client, default_owner
+from poprun_py.providers.aws import AwsProvider
+from poprun_py.providers.awsconfig import default_client, default_owner
 from poprun_py.providers.lifecycle import down, status, up
 from poprun_py.providers.state import ClusterState
 from tests.integration.helpers import poprun_cli

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from poprun_py.agent import rsh_shim
+from poprun_py.agent.client import AgentConnection, Timing
 from poprun_py.agent.relay import RshRelay
-from poprun_py.backends.ssh import AgentConnection, Timing
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Timing(grace=1.0, heartbeat=0.1, liveness=0.6, start_timeout=5.0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends import slurm_alloc as slurm
-from poprun_py.backends.base import LaunchResult, RunOptions
+from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.slurm import SlurmBackend
 from poprun_py.core.hosts import parse_hosts, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
@@ -52,7 +52,7 @@ DRIVER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from poprun_py.backends import slurm_alloc as slurm
-    from poprun_py.backends.base import RunOptions
+    from poprun_py.backends.result import RunOptions
     from poprun_py.backends.slurm import SlurmBackend
     from poprun_py.core.hosts import parse_hosts
     from poprun_py.core.plan import make_plan

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent import host as remote_agent
-from poprun_py.backends.base import LaunchResult, RunOptions
-from poprun_py.backends.ssh import AGENT_START, AgentPool, SshBackend, agent_payload
+from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload
+from poprun_py.backends.result import LaunchResult, RunOptions
+from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.process import supervise
@@ -511,7 +512,7 @@ def test_program_missing_on_a_host_is_the_root_cause(
 DRIVER = """
 import json, sys
 from pathlib import Path
-from poprun_py.backends.base import RunOptions
+from poprun_py.backends.result import RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_ssh_backend import make_job, plan_on, settings_for

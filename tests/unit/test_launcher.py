@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent.rsh_shim import SOCKET_VAR, agent_command
+from poprun_py.backends import mpi
 from poprun_py.launch import launcher
 from poprun_py.prepare.job import LaunchOptions, prepare
 
@@ -58,7 +59,7 @@ def test_mpi_subnet_holds_the_hosts_and_the_launching_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: str | None, subnet: str
 ) -> None:
     address = ipaddress.IPv4Address(here) if here else None
-    monkeypatch.setattr(launcher, "source_address", lambda target: address)
+    monkeypatch.setattr(mpi, "source_address", lambda target: address)
     argv = mpirun_argv(tmp_path, "198.18.0.11,198.18.0.12")
     for name in ("btl_tcp_if_include", "oob_tcp_if_include"):
         assert argv[argv.index(name) + 1] == subnet

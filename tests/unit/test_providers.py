@@ -14,9 +14,10 @@ from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.errors import ProvisionError, UnknownNameError, UsageError
 from poprun_py.prepare.specfile import parse_cluster
 from poprun_py.providers import PROVIDERS, get_provider
-from poprun_py.providers.base import Node, ProvisionContext, ProvisionRecord, Resource
+from poprun_py.providers.base import ProvisionContext
 from poprun_py.providers.inventory import inventory_dict, inventory_text
 from poprun_py.providers.lifecycle import down, spec_from_record, status, up
+from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.state import ClusterState, list_states, state_root, write_private
 
 

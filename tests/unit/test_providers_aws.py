@@ -13,7 +13,8 @@ from botocore.exceptions import (
 
 from poprun_py.core.spec import ClusterSpec, ProviderSpec
 from poprun_py.errors import ProvisionError, UsageError
-from poprun_py.providers.aws import AwsProvider, AwsSettings, resolve_settings, run_request
+from poprun_py.providers.aws import AwsProvider
+from poprun_py.providers.awsconfig import AwsSettings, resolve_settings, run_request
 from poprun_py.providers.awserrors import CLIENT_ERRORS, explain, explain_botocore
 
 FULL = ProviderSpec(

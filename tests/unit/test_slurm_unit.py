@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends import slurm_alloc as slurm
-from poprun_py.backends.base import RunOptions
+from poprun_py.backends.result import RunOptions
 from poprun_py.backends.slurm import (
     BIND_HINT,
     LabelDemux,
@@ -27,7 +27,8 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology, uniform
 from poprun_py.errors import BackendError, RenderError, UsageError
-from poprun_py.process.supervise import LAUNCHER_INDEX, ChildExit, Output, Supervised
+from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.supervise import ChildExit, Supervised
 from poprun_py.render.job import RenderedJob, render_job
 from tests.slurmcluster import node_config, slurm_conf_text
 

@@ -1,0 +1,119 @@
+"""What a run gives back -- every instance's outcome, root cause first -- and how it is run.
+
+Example:
+
+    >>> ok = InstanceResult(0, "h1", exit_code=0)
+    >>> bad = InstanceResult(1, "h2", exit_code=3, ended=2.0)
+    >>> result = LaunchResult((ok, bad))
+    >>> result.root_cause.index, result.exit_code
+    (1, 3)
+    >>> InstanceResult(2, "h3", state="lost").code
+    255
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_OK
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """How one instance ended.
+
+    ``state`` is one of ``exited`` (ran to the end, any code), ``stopped`` (poprun-py stopped it
+    because another instance failed or the user interrupted), ``lost`` (its host stopped
+    answering), ``not-started``.
+    """
+
+    index: int
+    host: str
+    exit_code: int | None = None
+    signal: int | None = None
+    state: str = "exited"
+    started: float = 0.0
+    ended: float = 0.0
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """True when this instance is a failure in its own right (not merely stopped)."""
+        if self.state == "lost":
+            return True
+        return self.state == "exited" and (self.exit_code != 0 or self.signal is not None)
+
+    @property
+    def code(self) -> int:
+        """An exit code for this outcome (128+signal for signals, 255 for a lost host, 1 if
+        unknown)."""
+        if self.state == "lost":
+            return EXIT_LOST
+        if self.exit_code is not None:
+            return self.exit_code
+        if self.signal is not None:
+            return 128 + self.signal
+        return 1
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """Every instance's outcome. ``root_cause`` is the earliest failure."""
+
+    instances: tuple[InstanceResult, ...]
+    interrupted: bool = False
+    duration: float = 0.0
+
+    @property
+    def failures(self) -> tuple[InstanceResult, ...]:
+        """Instances that failed in their own right, earliest first."""
+        return tuple(sorted((r for r in self.instances if r.failed), key=lambda r: r.ended))
+
+    @property
+    def root_cause(self) -> InstanceResult | None:
+        """The earliest failure, if any."""
+        failures = self.failures
+        return failures[0] if failures else None
+
+    @property
+    def ok(self) -> bool:
+        """True when every instance exited 0 and nobody interrupted."""
+        return not self.interrupted and not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """0, 130 when interrupted, else the root cause's own code."""
+        root = self.root_cause
+        if root is not None:
+            return root.code
+        return EXIT_INTERRUPTED if self.interrupted else EXIT_OK
+
+
+OutputSink = Callable[[int, str, str], None]
+"""Called with (instance index, stream name ``stdout``/``stderr``, one line without newline)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: where logs go, whose output to show, how long to wait before SIGKILL."""
+
+    output_dir: Path | None = None
+    only_output_from: int | None = None
+    grace_period: float = 5.0
+    sink: OutputSink | None = None
+    connect_timeout: float = 10.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run-time settings that do not change the plan."""
+
+    output_dir: str | None = None
+    only_output_from: int | None = None
+    sink: OutputSink | None = None
+    accept_new_host_keys: bool = False
+    known_hosts: str | None = None
+    sync: bool = False

@@ -1,0 +1,181 @@
+"""The two ways a backend takes hold of its hosts: on this machine (:class:`LocalSession`) or
+over SSH with one agent per host (:class:`RemoteSession`), each wrapping a runner.
+
+A remote session opens one connection per host and starts one agent on it; preflight (which
+also discovers undeclared topologies), ``--sync``, staging and the job itself share those
+agents: one login session per host for the whole launch. ``close`` waits until every host's
+agent has exited.
+
+Example:
+
+    >>> from poprun_py.backends.local import LocalBackend
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
+    >>> prep = prepare(LaunchOptions(hosts="localhost", program=("true",)), environ={})
+    >>> session = LocalSession(LocalBackend())
+    >>> sorted(session.preflight(prep).topologies)
+    ['localhost']
+    >>> session.close()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from poprun_py.backends.base import Checked, Runner, Running
+from poprun_py.backends.result import RunOptions, RunSettings
+from poprun_py.errors import Fault, PreflightError
+
+if TYPE_CHECKING:
+    from poprun_py.agent.client import AgentPool
+    from poprun_py.core.topology import Topology
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
+    from poprun_py.render.job import RenderedJob
+    from poprun_py.ssh.transport import ConnectionPool, SshSettings
+
+NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
+
+
+def local_topologies(prep: Prepared) -> dict[str, Topology | None]:
+    """For jobs on this machine: every host's real topology is this machine's."""
+    topo = prep.local_topology
+    if topo is None:
+        from poprun_py.prepare.discover import discover_local
+
+        topo = discover_local()
+    return {h.name: topo for h in prep.plan.hosts}
+
+
+def ssh_settings(prep: Prepared, settings: RunSettings) -> SshSettings:
+    """The transport settings for this job (cluster spec, then flags)."""
+    from poprun_py.ssh.transport import SshSettings
+
+    cluster = prep.plan.cluster
+    return SshSettings.of(
+        known_hosts=settings.known_hosts or cluster.known_hosts,
+        ssh_config=cluster.ssh_config,
+        accept_new_host_keys=settings.accept_new_host_keys,
+        connect_timeout=prep.connect_timeout,
+    )
+
+
+def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Prepared:
+    """The prepared job re-planned with discovered topologies where the spec declared none."""
+    from poprun_py.core.plan import replan_with_topologies
+
+    return replace(prep, plan=replan_with_topologies(prep.plan, found))
+
+
+class LocalSession:
+    """Every instance runs on this machine: preflight checks the tools here."""
+
+    def __init__(self, runner: Runner, tools: Sequence[str] = ()):
+        self.runner, self.tools = runner, tuple(tools)
+
+    def preflight(self, prep: Prepared) -> Checked:
+        """The launcher's tools are on PATH; the topology is this machine's."""
+        faults = [
+            Fault("localhost", "tools", f"{tool} not found on PATH")
+            for tool in self.tools
+            if shutil.which(tool) is None
+        ]
+        if faults:
+            raise PreflightError(faults)
+        return Checked(prep, local_topologies(prep))
+
+    def sync(self, paths: Sequence[str]) -> None:
+        """Nothing to push: the files are here."""
+
+    def stage(self, job: RenderedJob) -> None:
+        """The runner writes the job's files itself."""
+        check_numactl(job)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
+        """Start the job on this machine."""
+        return self.runner.start(job, options, control)
+
+    def close(self) -> None:
+        """Nothing is held."""
+
+
+def check_numactl(job: RenderedJob) -> None:
+    """PreflightError (exit 3, nothing started) when an instance is bound through numactl and
+    numactl is not on its PATH."""
+    for cmd in job.instances:
+        if cmd.argv and os.path.basename(cmd.argv[0]) == "numactl":
+            path = cmd.env.get("PATH") or os.environ.get("PATH")
+            if shutil.which(cmd.argv[0], path=path) is None:
+                raise PreflightError([Fault("localhost", "numactl", NUMACTL_MISSING)])
+            return
+
+
+class RemoteSession:
+    """One connection and one agent per host, shared by preflight, sync, staging and the job.
+
+    ``runner_for`` makes the runner from the agents (the ssh backend runs the job on them, the
+    mpirun backend starts Open MPI's daemons through them); ``stages`` says whether the job's
+    files must be written through the agents before it starts (the ssh backend's agents write
+    them as part of the job)."""
+
+    def __init__(
+        self,
+        prep: Prepared,
+        settings: RunSettings,
+        runner_for: Callable[[AgentPool], Runner],
+        stages: bool,
+    ):
+        from poprun_py.agent.client import AgentPool
+        from poprun_py.ssh.transport import ConnectionPool
+
+        self.pool: ConnectionPool = ConnectionPool(
+            list(prep.plan.cluster.hosts), ssh_settings(prep, settings)
+        )
+        self.agents: AgentPool = AgentPool(self.pool)
+        self.runner_for, self.stages = runner_for, stages
+        self.backend = prep.backend
+        self.templates = prep.templates
+
+    def preflight(self, prep: Prepared) -> Checked:
+        """Every host, every fault at once, through the agents; re-plan with what was found."""
+        from poprun_py.launch.preflight import preflight
+
+        self._warm_up_renderer()  # while preflight waits for the hosts
+        report = preflight(self.agents, prep.plan)
+        return Checked(with_topologies(prep, report.topologies), report.topologies)
+
+    def sync(self, paths: Sequence[str]) -> None:
+        """``--sync``: push ``paths`` over the same connections."""
+        from poprun_py.ssh.sync import sync
+
+        sync(self.pool, list(paths))
+
+    def stage(self, job: RenderedJob) -> None:
+        """Write the shard files and job files on every host, through the agents."""
+        if self.stages:
+            from poprun_py.agent.client import stage_job
+
+            stage_job(self.agents, job)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
+        """Start the job through the agents."""
+        return self.runner_for(self.agents).start(job, options, control)
+
+    def close(self) -> None:
+        """End every agent (waiting until each has exited), then every connection."""
+        try:
+            self.agents.close()
+        finally:
+            self.pool.close()
+
+    def _warm_up_renderer(self) -> None:
+        """Import Jinja2 and load the templates on a thread of their own: preflight spends
+        seconds waiting for the hosts' login shells, and rendering follows it."""
+        from poprun_py.render.job import warm_up
+
+        args = (self.backend, self.templates)
+        threading.Thread(target=warm_up, args=args, daemon=True, name="poprun-warm-up").start()

@@ -1,0 +1,162 @@
+"""The one signal path: what SIGINT, SIGTERM and SIGHUP mean for every backend, ``exec`` and
+``sync``, and the stop requests a running job is driven by.
+
+A :class:`Control` is handed to whatever runs a job (a backend's running handle, the ``exec``
+fan-out). It carries two kinds of request, both thread-safe and safe to make from a signal
+handler, each waking the runner's poll loop through a pipe (:attr:`Control.wake_fd`):
+
+- :meth:`Control.interrupt` -- the user's stop (a signal): every instance is stopped, the
+  result is *interrupted* (exit 130); a second interrupt means "kill now";
+- :meth:`Control.stop` -- a stop the launcher's rules decided (an instance failed, a host was
+  lost): every instance is stopped gracefully, the result keeps its root cause.
+
+Runners report every instance's end to :meth:`Control.ended`; the launcher's policy (by default
+:func:`fail_fast`) turns a failure into :meth:`Control.stop`. So the rule "the first failure
+stops everything" lives once, here, not in each backend.
+
+:func:`handling_signals` installs the handlers (main thread only; the old ones come back after).
+While a job is running (``control.armed``) a signal becomes :meth:`Control.interrupt`; before
+that (connecting, preflight, staging) it raises KeyboardInterrupt, which the CLI turns into
+exit 130 with nothing left started.
+
+Example:
+
+    >>> control = Control()
+    >>> control.arm()
+    >>> control.interrupt(); control.interrupts, control.stopping, control.interrupted
+    (1, True, True)
+    >>> control.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from poprun_py.backends.result import InstanceResult
+
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+)
+"""The signals that stop a job (and ``exec``/``sync``) the same way on every backend."""
+
+Policy = Callable[["Control", "InstanceResult"], None]
+"""Called with every instance's end; may call ``control.stop(reason)``."""
+
+
+def fail_fast(control: Control, result: InstanceResult) -> None:
+    """The default policy: the first instance that fails (or whose host is lost) stops all."""
+    if result.failed:
+        control.stop(f"instance {result.index} on {result.host} failed")
+
+
+class Control:
+    """Stop requests for one running job, with a wake-up pipe for the runner's poll loop."""
+
+    def __init__(self, policy: Policy | None = fail_fast):
+        self.policy = policy
+        self.interrupts = 0
+        self.stop_reason: str | None = None
+        self.armed = False
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    @property
+    def wake_fd(self) -> int:
+        """Readable whenever a request was made: register it in the runner's poller."""
+        return self._wake_r
+
+    @property
+    def stopping(self) -> bool:
+        """True once any stop (interrupt or rule) was requested."""
+        return self.interrupts > 0 or self.stop_reason is not None
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the user interrupted (a signal), not merely a rule."""
+        return self.interrupts > 0
+
+    @property
+    def kill_now(self) -> bool:
+        """True after a second interrupt: SIGKILL without waiting for the grace period."""
+        return self.interrupts > 1
+
+    def arm(self) -> None:
+        """The job is running: from now on a stop signal interrupts it instead of raising."""
+        self.armed = True
+
+    def interrupt(self) -> None:
+        """The user asked to stop (Ctrl-C, SIGTERM, SIGHUP). Safe in a signal handler."""
+        self.interrupts += 1
+        self.wake()
+
+    def stop(self, reason: str) -> None:
+        """The launcher's rules ask every instance to stop (the first reason is kept)."""
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+        self.wake()
+
+    def ended(self, result: InstanceResult) -> None:
+        """A runner reports one instance's end; the policy decides what follows."""
+        if self.policy is not None:
+            self.policy(self, result)
+
+    def wake(self) -> None:
+        """Make :attr:`wake_fd` readable."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\0")
+
+    def drain(self) -> None:
+        """Empty the wake-up pipe (the runner has seen the requests)."""
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def close(self) -> None:
+        """Close the wake-up pipe."""
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@contextlib.contextmanager
+def handling_signals(control: Control) -> Iterator[Control]:
+    """SIGINT, SIGTERM and SIGHUP go to ``control`` while this is active (main thread only):
+    an interrupt once the job runs, KeyboardInterrupt before. A closed terminal (SIGHUP) must
+    not leave instances running either."""
+    if threading.current_thread() is not threading.main_thread():
+        yield control
+        return
+
+    def on_signal(signum: int, frame: object) -> None:
+        if not control.armed:
+            raise KeyboardInterrupt
+        control.interrupt()
+
+    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield control
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def interrupting() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt while this is active (main thread
+    only): for commands without a running job to stop gracefully (``exec``, ``sync``), whose
+    own clean-up then stops what they started on every host."""
+    control = Control(policy=None)
+    try:
+        with handling_signals(control):
+            yield
+    finally:
+        control.close()

@@ -1,0 +1,146 @@
+"""The launcher's orchestration rules, against the shipped fakes: the lifecycle order, fail-fast
+and its root cause, exit-code mapping, and the one signal path (INT, TERM, HUP)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from poprun_py.backends.result import InstanceResult, RunSettings
+from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, Fault, PreflightError
+from poprun_py.launch.launcher import launch
+from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
+from poprun_py.process.signals import Control
+from poprun_py.testing.fakes import FakeBackend, Script
+
+
+def prepared(hosts: str = "h1,h2,h3,h4", grace: float = 0.5) -> Prepared:
+    opts = LaunchOptions(hosts=hosts, program=("train.py",), grace_period=grace)
+    return prepare(opts, environ={})
+
+
+def signal_later(signum: int, after: float, times: int = 1) -> threading.Thread:
+    def send() -> None:
+        for _ in range(times):
+            time.sleep(after)
+            os.kill(os.getpid(), signum)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_lifecycle_runs_in_order_and_the_session_is_always_closed() -> None:
+    fake = FakeBackend()
+    result = launch(prepared(), RunSettings(), backend=fake)
+    assert result.ok and result.exit_code == 0
+    assert fake.calls == ["open", "preflight", "stage", "start", "wait", "close"]
+
+
+def test_sync_happens_between_preflight_and_rendering() -> None:
+    fake = FakeBackend()
+    launch(prepared(), RunSettings(sync=True), backend=fake)
+    assert fake.calls[:3] == ["open", "preflight", "sync"]
+
+
+def test_the_first_failure_stops_the_rest_and_is_the_root_cause() -> None:
+    fake = FakeBackend(
+        {
+            0: Script(hang=True),
+            1: Script(exit_code=7, after=0.05),
+            2: Script(exit_code=9, after=0.3),  # would fail later, but is stopped first
+            3: Script(hang=True),
+        }
+    )
+    started = time.monotonic()
+    result = launch(prepared(), RunSettings(), backend=fake)
+    assert time.monotonic() - started < 0.25  # stopped at the first failure, not at 0.3 s
+    assert result.root_cause is not None and result.root_cause.index == 1
+    assert result.exit_code == 7
+    assert [r.state for r in result.instances] == ["stopped", "exited", "stopped", "stopped"]
+
+
+def test_the_earliest_of_several_failures_is_the_root_cause() -> None:
+    fake = FakeBackend({0: Script(exit_code=4, after=0.1), 1: Script(exit_code=5, after=0.02)})
+    result = launch(prepared("h1,h2"), RunSettings(), backend=fake)
+    assert result.root_cause is not None and result.root_cause.index == 1
+    assert result.exit_code == 5
+
+
+def test_a_lost_host_is_the_root_cause_with_the_documented_code() -> None:
+    fake = FakeBackend({0: Script(hang=True), 1: Script(lost=True, after=0.02)})
+    result = launch(prepared("h1,h2"), RunSettings(), backend=fake)
+    assert result.root_cause is not None and result.root_cause.state == "lost"
+    assert result.exit_code == EXIT_LOST == 255
+
+
+def test_preflight_faults_start_nothing_and_close_the_session() -> None:
+    fake = FakeBackend(faults=[Fault("h2", "tools", "mpirun not found on PATH")])
+    with pytest.raises(PreflightError) as err:
+        launch(prepared(), RunSettings(), backend=fake)
+    assert err.value.exit_code == 3
+    assert "start" not in fake.calls and fake.calls[-1] == "close"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_int_term_and_hup_stop_every_instance_the_same_way(signum: int) -> None:
+    fake = FakeBackend({i: Script(hang=True) for i in range(4)})
+    signal_later(signum, 0.1)
+    result = launch(prepared(), RunSettings(), backend=fake)
+    assert result.interrupted and result.exit_code == EXIT_INTERRUPTED
+    assert all(r.state == "stopped" for r in result.instances)
+    assert signal.getsignal(signum) is not None  # the old handler is back
+    assert fake.calls[-1] == "close"
+
+
+def test_an_instance_ignoring_sigterm_is_killed_after_the_grace_period() -> None:
+    fake = FakeBackend({0: Script(hang=True, ignores_term=True), 1: Script(exit_code=2)})
+    started = time.monotonic()
+    result = launch(prepared("h1,h2", grace=0.3), RunSettings(), backend=fake)
+    assert 0.3 <= time.monotonic() - started < 1.0
+    assert result.instances[0].signal == 9 and result.exit_code == 2
+
+
+def test_a_second_interrupt_kills_at_once() -> None:
+    fake = FakeBackend({0: Script(hang=True, ignores_term=True)})
+    signal_later(signal.SIGINT, 0.1, times=2)
+    started = time.monotonic()
+    result = launch(prepared("h1", grace=30), RunSettings(), backend=fake)
+    assert time.monotonic() - started < 5  # not the 30 s grace period
+    assert result.interrupted and result.instances[0].signal == 9
+
+
+def test_a_signal_before_the_job_runs_raises_and_still_closes_the_session() -> None:
+    class SlowPreflight(FakeBackend):
+        def open(self, prep: Prepared, settings: RunSettings):  # type: ignore[no-untyped-def]
+            session = super().open(prep, settings)
+            original = session.preflight
+
+            def preflight(p: Prepared):  # type: ignore[no-untyped-def]
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # interrupted by the signal
+                return original(p)
+
+            session.preflight = preflight  # type: ignore[method-assign]
+            return session
+
+    fake = SlowPreflight()
+    with pytest.raises(KeyboardInterrupt):
+        launch(prepared(), RunSettings(), backend=fake)
+    assert "start" not in fake.calls and fake.calls[-1] == "close"
+
+
+def test_the_policy_decides_what_a_failure_means() -> None:
+    seen: list[int] = []
+
+    def keep_going(control: Control, result: InstanceResult) -> None:
+        seen.append(result.index)
+
+    fake = FakeBackend({0: Script(exit_code=1), 1: Script(exit_code=0, after=0.1)})
+    result = launch(prepared("h1,h2"), RunSettings(), backend=fake, policy=keep_going)
+    assert [r.state for r in result.instances] == ["exited", "exited"]  # 1 was not stopped
+    assert sorted(seen) == [0, 1] and result.exit_code == 1
