@@ -51,6 +51,17 @@ from typing import TypeVar
 from poprun_py.errors import ProvisionError
 from poprun_py.process.commands import command_output, last_line
 from poprun_py.process.proctree import alive
+from poprun_py.providers.netns_files import (
+    ETC_HOSTS,
+    HOSTS_MARKER,
+    SSH_PORT,
+    TestCluster,
+    TestHost,
+    add_hosts_lines,
+    remove_hosts_lines,
+    ssh_config_text,
+    write_known_hosts,
+)
 
 __all__ = [
     "DEFAULT_STATE_ROOT",
@@ -66,12 +77,9 @@ __all__ = [
 
 DEFAULT_STATE_ROOT = Path("/var/lib/poprun-py/testhosts")
 SSHD = "/usr/sbin/sshd"
-SSH_PORT = 22
-ETC_HOSTS = Path("/etc/hosts")
 NETNS_DIR = Path("/run/netns")
 PRIVSEP_DIR = Path("/run/sshd")
 NETNS_PREFIX = "poprun-"
-HOSTS_MARKER = "poprun-py testhosts"
 MAX_HOSTS = 240  # addresses .11 to .250 of the cluster's /24
 READY_TIMEOUT = 10.0
 KILL_GRACE = 2.0
@@ -82,41 +90,6 @@ _PREFIX_RE = re.compile(r"[a-z][a-z0-9]*")
 _SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9_./+-]*")
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-
-@dataclass(frozen=True)
-class TestHost:
-    """One test host: a network namespace with its own address, hostname and sshd."""
-
-    __test__ = False  # not a pytest test class
-
-    name: str
-    address: str
-    netns: str
-    sshd_pid: int
-    port: int = SSH_PORT
-
-
-@dataclass(frozen=True)
-class TestCluster:
-    """A set of test hosts on one bridge, with the client-side ssh files to reach them."""
-
-    __test__ = False  # not a pytest test class
-
-    name: str
-    hosts: tuple[TestHost, ...]
-    subnet: str
-    bridge: str
-    gateway: str
-    state_dir: Path
-    identity_file: Path
-    known_hosts: Path
-    ssh_config: Path
-
-    @property
-    def host_names(self) -> tuple[str, ...]:
-        """The host names in order, e.g. ``("h1", "h2")``."""
-        return tuple(host.name for host in self.hosts)
 
 
 @dataclass(frozen=True)
@@ -418,10 +391,10 @@ def _build(layout: _Layout, state_root: Path) -> TestCluster:
         known_hosts=layout.state_dir / "known_hosts",
         ssh_config=layout.state_dir / "ssh_config",
     )
-    _write_known_hosts(cluster)
-    cluster.ssh_config.write_text(_ssh_config_text(cluster))
+    write_known_hosts(cluster)
+    cluster.ssh_config.write_text(ssh_config_text(cluster))
     with _lock(state_root):
-        _add_hosts_lines(cluster)
+        add_hosts_lines(cluster)
     return cluster
 
 
@@ -520,70 +493,6 @@ def _wait_accepting(address: str, log: Path, deadline: float) -> None:
             time.sleep(0.02)
 
 
-def _write_known_hosts(cluster: TestCluster) -> None:
-    lines = []
-    for host in cluster.hosts:
-        pub = cluster.state_dir / "hosts" / host.name / "ssh_host_ed25519_key.pub"
-        key_type, key = pub.read_text().split()[:2]
-        lines.append(f"{host.name},{host.address} {key_type} {key}\n")
-    cluster.known_hosts.write_text("".join(lines))
-
-
-def _ssh_config_text(cluster: TestCluster) -> str:
-    parts = [f"# {HOSTS_MARKER} {cluster.name}: generated, use with ssh -F\n"]
-    for host in cluster.hosts:
-        parts.append(
-            f"\nHost {host.name} {host.address}\n"
-            f"    HostName {host.address}\n"
-            f"    Port {host.port}\n"
-            "    User root\n"
-            f"    IdentityFile {cluster.identity_file}\n"
-            "    IdentitiesOnly yes\n"
-            f"    UserKnownHostsFile {cluster.known_hosts}\n"
-            "    GlobalKnownHostsFile /dev/null\n"
-            "    StrictHostKeyChecking yes\n"
-            "    BatchMode yes\n"
-            "    ConnectTimeout 5\n"
-            "    LogLevel ERROR\n"
-        )
-    return "".join(parts)
-
-
-# ---------------------------------------------------------------- /etc/hosts
-
-
-def _marker(cluster: str) -> str:
-    return f"# {HOSTS_MARKER} {cluster}"
-
-
-def _is_cluster_line(line: str, cluster: str) -> bool:
-    return "#" in line and line.split("#", 1)[1].strip() == _marker(cluster)[2:]
-
-
-def _rewrite_etc_hosts(lines: list[str]) -> None:
-    """Rewrite in place (no rename): /etc/hosts is often a bind mount in containers."""
-    with open(ETC_HOSTS, "w") as handle:
-        handle.write("".join(lines))
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _add_hosts_lines(cluster: TestCluster) -> None:
-    lines = ETC_HOSTS.read_text().splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    marker = _marker(cluster.name)
-    lines += [f"{host.address} {host.name} {marker}\n" for host in cluster.hosts]
-    _rewrite_etc_hosts(lines)
-
-
-def _remove_hosts_lines(cluster: str) -> None:
-    lines = ETC_HOSTS.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if not _is_cluster_line(line, cluster)]
-    if len(kept) != len(lines):
-        _rewrite_etc_hosts(kept)
-
-
 # ---------------------------------------------------------------- destruction
 
 
@@ -608,7 +517,7 @@ def _destroy_unlocked(name: str, state_root: Path) -> None:
     for netns in namespaces:
         _try(["ip", "netns", "del", netns])
     _try(["ip", "link", "del", _bridge_name(name)])
-    _remove_hosts_lines(name)
+    remove_hosts_lines(name)
     shutil.rmtree(state_root / name, ignore_errors=True)
     _check_gone(name, state_root)
 
