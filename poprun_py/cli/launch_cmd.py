@@ -56,6 +56,9 @@ def _command(mode: str) -> Callable[..., None]:
         connect_timeout: o.ConnectTimeout = None,
         accept_new_host_keys: o.AcceptNewHostKeys = False,
         known_hosts: o.KnownHosts = None,
+        ssh_config: o.SshConfig = None,
+        identity: o.Identity = None,
+        user: o.User = None,
         sync: o.Sync = False,
         fmt: o.Format = "table",
         output_dir: o.OutputDir = None,
@@ -85,6 +88,11 @@ def _command(mode: str) -> Callable[..., None]:
             templates=templates,
             grace_period=grace_period,
             connect_timeout=connect_timeout,
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            identity=identity,
+            user=user,
+            accept_new_host_keys=accept_new_host_keys,
             slurm_time=slurm_time,
             slurm_partition=partition,
             slurm_account=account,
@@ -106,9 +114,7 @@ def _command(mode: str) -> Callable[..., None]:
             return
         if print_topology:
             show_plan(prep.plan, "table")
-        _launch(
-            prep, output_dir, only_output_from_instance, accept_new_host_keys, known_hosts, sync
-        )
+        _launch(prep, output_dir, only_output_from_instance, sync)
 
     command.__name__ = mode
     command.__doc__ = {
@@ -216,14 +222,7 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
     return [*argv, "--", *opts.program]
 
 
-def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
-    prep: Prepared,
-    output_dir: str | None,
-    only_from: int | None,
-    accept_new: bool,
-    known_hosts: str | None,
-    sync: bool,
-) -> None:
+def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync: bool) -> None:
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -235,8 +234,6 @@ def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
     settings = launcher.RunSettings(
         output_dir=output_dir,
         only_output_from=only_from,
-        accept_new_host_keys=accept_new,
-        known_hosts=known_hosts,
         sync=sync,
     )
     result = launcher.launch(prep, settings)

@@ -186,16 +186,17 @@ def _run(
 
 
 def ssh_settings(prep: Prepared, settings: RunSettings) -> Any:
-    """The transport settings for this job (cluster spec, then flags)."""
-    from poprun_py.ssh.transport import SshSettings
+    """The transport settings for this job: the launch's SSH flags, then the cluster spec."""
+    from poprun_py.prepare.job import ssh_settings as resolve
 
-    cluster = prep.plan.cluster
-    return SshSettings.of(
-        known_hosts=settings.known_hosts or cluster.known_hosts,
-        ssh_config=cluster.ssh_config,
-        accept_new_host_keys=settings.accept_new_host_keys,
+    flags = prep.options.ssh
+    flags = replace(
+        flags,
+        known_hosts=settings.known_hosts or flags.known_hosts,
+        accept_new_host_keys=settings.accept_new_host_keys or flags.accept_new_host_keys,
         connect_timeout=prep.connect_timeout,
     )
+    return resolve(prep.plan.cluster, flags)
 
 
 def _launch_remote(prep: Prepared, settings: RunSettings) -> LaunchResult:
