@@ -231,6 +231,7 @@ def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync:
             f"--only-output-from-instance {only_from}: the plan has "
             f"{prep.plan.num_instances} instance(s)"
         )
+    _warnings_to_stderr()
     settings = launcher.RunSettings(
         output_dir=output_dir,
         only_output_from=only_from,
@@ -244,6 +245,22 @@ def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync:
         _print_summary(result)
         root = result.root_cause
         raise LaunchFailed(_describe_root(result), root.code if root else 1, result)
+
+
+def _warnings_to_stderr() -> None:
+    """Print what the library logs as warnings (preflight's slow names, undiscovered
+    topologies) on stderr, one line each, as they come: before the launch starts."""
+    import logging
+
+    logger = logging.getLogger("poprun_py")
+    if any(h.get_name() == "poprun-py-cli" for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name("poprun-py-cli")
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("poprun-py: warning: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _describe_root(result: "LaunchResult") -> str:

@@ -9,6 +9,11 @@ parallel with those: how long each host name takes to resolve (a name that resol
 at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and host-key mismatches
 come from :meth:`ConnectionPool.connect_all` and join the same list.
 
+Warnings (a slow or unresolvable host name, a topology that could not be discovered) are in
+:attr:`PreflightReport.warnings` and are also logged, one record each, to the
+``poprun_py.launch.preflight`` logger as soon as preflight ends, before anything starts: the CLI
+prints them on stderr as ``poprun-py: warning: ...``.
+
 Example::
 
     with ConnectionPool(list(plan.cluster.hosts), SshSettings()) as pool:
@@ -23,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import ipaddress
+import logging
 import posixpath
 import socket
 import time
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
     from poprun_py.ssh.transport import RemoteResult, SshSettings
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
@@ -302,6 +309,8 @@ def preflight(
     outcomes = pool.map(check, connect=True)  # connection faults come back as outcomes
     hosts, faults, warnings = _collect(pool, checks, outcomes, resolving)
     report = PreflightReport(hosts, faults, warnings, time.monotonic() - started)
+    for warning in warnings:
+        log.warning("%s", warning)
     if faults and raise_on_fault:
         raise PreflightError(faults)
     return report

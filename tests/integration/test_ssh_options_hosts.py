@@ -30,7 +30,9 @@ def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def write_spec(cluster: TestCluster, tmp_path: Path, ssh: dict[str, object], addresses: bool) -> Path:
+def write_spec(
+    cluster: TestCluster, tmp_path: Path, ssh: dict[str, object], addresses: bool
+) -> Path:
     """A spec naming every test host; the hosts' addresses only when ``addresses``."""
     hosts = [
         f"  - {{name: {h.name}" + (f", address: {h.address}}}" if addresses else "}")
@@ -49,7 +51,11 @@ def config_spec(cluster: TestCluster, tmp_path: Path) -> Path:
 
 def known_hosts_spec(cluster: TestCluster, tmp_path: Path) -> Path:
     """Addresses, key and user in the spec; its known_hosts is the only one holding their keys."""
-    ssh = {"known_hosts": cluster.known_hosts, "identity_file": cluster.identity_file, "user": "root"}
+    ssh = {
+        "known_hosts": cluster.known_hosts,
+        "identity_file": cluster.identity_file,
+        "user": "root",
+    }
     return write_spec(cluster, tmp_path, ssh, addresses=True)
 
 
@@ -113,12 +119,35 @@ def test_launch_takes_the_ssh_options_exec_and_sync_take(
                        str(test_cluster_4.ssh_config), *show_host(), cwd=tmp_path)  # fmt: skip
     assert by_config.returncode == 0, by_config.stderr
     assert f"[{h[1]}:1] 1 {h[1]}" in by_config.stdout
-    flags = ["--identity", str(test_cluster_4.identity_file), "--user", "root",
-             "--known-hosts", str(test_cluster_4.known_hosts), "--connect-timeout", "5"]  # fmt: skip
+    key, known = str(test_cluster_4.identity_file), str(test_cluster_4.known_hosts)
+    flags = ["--identity", key, "--user", "root",
+             "--known-hosts", known, "--connect-timeout", "5"]  # fmt: skip
     by_flags = poprun("launch", "--hosts", a[3], "-b", "ssh", *flags, *show_host(), cwd=tmp_path)
     assert by_flags.returncode == 0, by_flags.stderr
     assert f"0 {h[3]}" in by_flags.stdout
     wrong_user = poprun("launch", "--hosts", a[3], "-b", "ssh", *flags, "--user", "nobody-here",
                         *show_host(), cwd=tmp_path)  # fmt: skip
     assert wrong_user.returncode == 3, wrong_user.stderr  # --user reached the transport
+    assert strays(test_cluster_4) == {}
+
+
+def test_preflight_warnings_are_shown_one_line_each_before_the_launch(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    host = test_cluster_4.hosts[0]
+    alias = "zz-unresolvable-poprun"  # reachable through ssh_config, unknown to this machine
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host {alias}\n  HostName {host.address}\n  User root\n"
+        f"  IdentityFile {test_cluster_4.identity_file}\n"
+        f"  UserKnownHostsFile {test_cluster_4.known_hosts}\n  HostKeyAlias {host.name}\n"
+    )
+    proc = poprun("launch", "--hosts", alias, "-b", "ssh", "--ssh-config", str(config),
+                  "--", "sh", "-c", "echo started >&2", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    warnings = [i for i, line in enumerate(lines) if line.startswith("poprun-py: warning: ")]
+    assert len(warnings) == 1, proc.stderr
+    assert lines[warnings[0]].startswith(f"poprun-py: warning: {alias} does not resolve")
+    assert warnings[0] < lines.index(f"[{alias}:0] started")
     assert strays(test_cluster_4) == {}
