@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,15 @@ from poprun_py.providers.netns import TestCluster
 from tests.integration.helpers import strays
 
 pytestmark = pytest.mark.hosts
+
+
+def settled(cluster: TestCluster, seconds: float = 5.0) -> dict[str, list[int]]:
+    """What is still running besides sshd on any host, once ``seconds`` have passed or nothing
+    is (a closed session's sshd child and agent take a moment to exit)."""
+    deadline = time.monotonic() + seconds
+    while (left := strays(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -72,7 +82,7 @@ def test_launch_with_spec_and_hosts_uses_the_specs_ssh_config(
                   *show_host(), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"[{h[1]}:0] 0 {h[1]}" in proc.stdout and f"[{h[3]}:1] 1 {h[3]}" in proc.stdout
-    assert strays(test_cluster_4) == {}
+    assert settled(test_cluster_4) == {}
 
 
 def test_launch_with_spec_and_hosts_uses_the_specs_known_hosts(
@@ -84,7 +94,7 @@ def test_launch_with_spec_and_hosts_uses_the_specs_known_hosts(
                   cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"[{h[2]}:0] 0 {h[2]}" in proc.stdout
-    assert strays(test_cluster_4) == {}
+    assert settled(test_cluster_4) == {}
 
 
 def test_exec_and_sync_with_spec_and_hosts_use_the_specs_ssh_settings(
@@ -107,7 +117,7 @@ def test_exec_and_sync_with_spec_and_hosts_use_the_specs_ssh_settings(
         assert "synced 1 file(s) to 1 host(s)" in proc.stderr
     finally:
         subprocess.run(["rm", "-rf", dest], check=False)
-    assert strays(test_cluster_4) == {}
+    assert settled(test_cluster_4) == {}
 
 
 def test_launch_takes_the_ssh_options_exec_and_sync_take(
@@ -128,7 +138,7 @@ def test_launch_takes_the_ssh_options_exec_and_sync_take(
     wrong_user = poprun("launch", "--hosts", a[3], "-b", "ssh", *flags, "--user", "nobody-here",
                         *show_host(), cwd=tmp_path)  # fmt: skip
     assert wrong_user.returncode == 3, wrong_user.stderr  # --user reached the transport
-    assert strays(test_cluster_4) == {}
+    assert settled(test_cluster_4) == {}
 
 
 def test_preflight_warnings_are_shown_one_line_each_before_the_launch(
@@ -150,4 +160,4 @@ def test_preflight_warnings_are_shown_one_line_each_before_the_launch(
     assert len(warnings) == 1, proc.stderr
     assert lines[warnings[0]].startswith(f"poprun-py: warning: {alias} does not resolve")
     assert warnings[0] < lines.index(f"[{alias}:0] started")
-    assert strays(test_cluster_4) == {}
+    assert settled(test_cluster_4) == {}
