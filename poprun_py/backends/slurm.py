@@ -16,6 +16,10 @@ grace period runs out, srun gets SIGKILL. Whatever happened, a step of this job'
 Slurm still lists afterwards gets ``scancel --signal=KILL`` and is waited for, so nothing is
 left on the nodes.
 
+Staging: the step carries its own task script (``srun --bcast``, see ``templates/srun.j2``), so
+the job directory -- by default under /tmp of this machine -- need not be shared with the
+nodes; afterwards one more step removes the staged copies (a failure to do so is a warning).
+
 Example:
 
     >>> report = TaskReport()
@@ -28,9 +32,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,8 +44,9 @@ from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import InstanceResult, LaunchResult, RunOptions
 from poprun_py.backends.external import how_ended, prepare_launcher, supervise_launcher
-from poprun_py.backends.slurm_alloc import cancel_steps, step_names
+from poprun_py.backends.slurm_alloc import cancel_steps, step_names, unstage_argv
 from poprun_py.errors import BackendError
+from poprun_py.process.commands import failure_line, run_captured
 from poprun_py.process.supervise import (
     LAUNCHER_INDEX,
     Child,
@@ -61,6 +68,8 @@ _EXITED = re.compile(r"Exited with exit code (\d+)")
 _ERROR = re.compile(r"srun: error: (.+)")
 _SIGNALS = {signal.strsignal(s) or "": int(s) for s in signal.valid_signals()}
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
+TASK_SCRIPT = "slurm-task.sh"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,8 @@ class SlurmBackend:
         """Write the job's files, run srun under supervision, report every task."""
         env = {**job.launcher_env, **self.environ}
         hosts = prepare_launcher(job, env, "slurm", SRUN_MISSING)
+        if TASK_SCRIPT in job.files:  # srun --bcast runs it on the nodes: it must be executable
+            os.chmod(os.path.join(job.job_dir, TASK_SCRIPT), 0o700)
         output = Output(options, hosts, launcher="srun")
         report = TaskReport()
 
@@ -177,6 +188,7 @@ class SlurmBackend:
             run = supervise_launcher(job, env, output, options.grace_period, demux)
         finally:
             leave_nothing(job, env)
+            unstage(job, env)
         return task_results(run, hosts, report)
 
 
@@ -190,6 +202,21 @@ def leave_nothing(job: RenderedJob, env: Mapping[str, str]) -> None:
     with contextlib.suppress(BackendError):  # slurmctld gone: nothing we can cancel
         while cancel_steps(names, environ) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def unstage(job: RenderedJob, env: Mapping[str, str]) -> None:
+    """Remove what the step staged on its nodes (one task a node); a failure is a warning."""
+    argv = unstage_argv(job.launcher, [cmd.host for cmd in job.instances])
+    if argv is None:
+        return
+    try:
+        proc = run_captured(argv, timeout=CLEANUP_TIMEOUT, env={**os.environ, **env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("could not remove the staged task script from the nodes: %s", exc)
+        return
+    if proc.returncode != 0:
+        why = failure_line(proc)
+        log.warning("could not remove the staged task script from the nodes: %s", why)
 
 
 def _reported(end: TaskEnd, stopping: bool, report: TaskReport) -> _Outcome:
