@@ -95,8 +95,11 @@ if [ -n "$wd" ]; then if cd -- "$wd" 2>/dev/null; then echo "wd 1"; else echo "w
 for kind in cmd file; do
   n=$1; shift; i=0
   while [ "$i" -lt "$n" ]; do
-    if [ "$kind" = cmd ]; then command -v "$1" >/dev/null 2>&1 && ok=1 || ok=0
-    else [ -e "$1" ] && ok=1 || ok=0; fi
+    if [ "$kind" = file ]; then [ -e "$1" ] && ok=1 || ok=0
+    else case $1 in  # dash's command -v takes any existing path for an executable
+      */*) [ -f "$1" ] && [ -x "$1" ] && ok=1 || ok=0 ;;
+      *) command -v "$1" >/dev/null 2>&1 && ok=1 || ok=0 ;;
+    esac; fi
     echo "$kind $i $ok"; i=$((i + 1)); shift
   done
 done

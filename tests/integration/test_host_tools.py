@@ -1,10 +1,13 @@
-"""The python3 a host has: the agent runs on any python3 from 3.7 (``MIN_PYTHON``), and a host
-whose python3 is older is refused in preflight with one line naming it, exit 3, nothing started.
+"""What one host lacks, found by preflight for that host: the agent runs on any python3 from 3.7
+(``MIN_PYTHON``), and a host whose python3 is older is refused in preflight with one line naming
+it, exit 3, nothing started; a tool missing on one of several hosts is a row of the preflight
+table for that host alone.
 
 Real old interpreters (pyenv's 3.7 and 3.6 builds, where this machine has them) are put in place
 of ``/usr/bin/python3`` on one test host only: a bind mount inside that host's own mount
 namespace (its sshd runs under ``ip netns exec``, which gives it one), so that host's login
-sessions -- and so the agent poprun-py starts there -- get that Python, and nothing else does."""
+sessions -- and so the agent poprun-py starts there -- get that Python, and nothing else does.
+A tool is taken away from one host the same way (a non-executable file mounted over it)."""
 
 from __future__ import annotations
 
@@ -42,24 +45,29 @@ def old_python(version: str) -> Path:
     return found[-1]
 
 
+def mount_over(host: TestHost, source: Path, target: Path) -> None:
+    """Bind-mount ``source`` over ``target`` in ``host``'s mount namespace only."""
+    subprocess.run(
+        ["nsenter", f"--target={host.sshd_pid}", "--mount", "--",
+         "mount", "--bind", str(source), str(target)],
+        check=True,
+    )  # fmt: skip
+
+
 def give_python(host: TestHost, python: Path, tmp_path: Path) -> None:
     """Make ``/usr/bin/python3`` run ``python`` in ``host``'s mount namespace only."""
     wrapper = tmp_path / f"python3-{host.name}"
     wrapper.write_text(f'#!/bin/sh\nexec {python} "$@"\n')
     wrapper.chmod(0o755)
-    subprocess.run(
-        ["nsenter", f"--target={host.sshd_pid}", "--mount", "--",
-         "mount", "--bind", str(wrapper), "/usr/bin/python3"],
-        check=True,
-    )  # fmt: skip
+    mount_over(host, wrapper, Path("/usr/bin/python3"))
 
 
 def launch(
-    cluster: TestCluster, hosts: list[TestHost], cwd: Path
+    cluster: TestCluster, hosts: list[TestHost], cwd: Path, program: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "poprun_py", "launch", "-b", "ssh", "--ssh-config",
             str(cluster.ssh_config), "--hosts", ",".join(h.name for h in hosts),
-            "--", "sh", "-c", 'echo "ran on $(hostname)"']  # fmt: skip
+            "--", *(program or ("sh", "-c", 'echo "ran on $(hostname)"'))]  # fmt: skip
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -84,4 +92,35 @@ def test_agent_runs_on_the_oldest_python_and_refuses_an_older_one(
     ran = launch(cluster, [oldest], tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert f"ran on {oldest.name}" in ran.stdout
+    assert settled(cluster) == {}
+
+
+def test_a_tool_missing_on_one_of_several_hosts_is_reported_for_that_host(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(3, "z")
+    tool = tmp_path / "tool"
+    tool.write_text('#!/bin/sh\necho "ran on $(hostname)"\n')
+    tool.chmod(0o755)
+    gone = tmp_path / "not-a-tool"
+    gone.write_text("")
+    gone.chmod(0o644)
+    lacking = cluster.hosts[1]
+    mount_over(lacking, gone, tool)  # on that host, tool is no executable file
+
+    alone = launch(cluster, list(cluster.hosts), tmp_path, (str(tool),))
+    assert alone.returncode == 3, alone.stderr
+    assert "ran on" not in alone.stdout  # nothing started on the hosts that have it
+    line = f"preflight failed on {lacking.name}: program: {tool}: not an executable file"
+    assert alone.stderr.splitlines() == [f"poprun-py: error: {line}; nothing was started"]
+
+    also = cluster.hosts[2]
+    mount_over(also, gone, tool)  # two faults: the preflight table, one row a host
+    both = launch(cluster, list(cluster.hosts), tmp_path, (str(tool),))
+    assert both.returncode == 3, both.stderr
+    cells = [line.split("│")[1:3] for line in both.stderr.splitlines() if line.startswith("│")]
+    rows = [(host.strip(), check.strip()) for host, check in cells if host.strip()]
+    assert rows == [(lacking.name, "program"), (also.name, "program")], both.stderr
+    assert cluster.hosts[0].name not in both.stderr
+    assert "ran on" not in both.stdout
     assert settled(cluster) == {}

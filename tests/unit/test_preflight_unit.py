@@ -1,10 +1,13 @@
-"""Preflight's warnings (a slow or unresolvable host name, a topology it could not discover)
-are logged, one record each, when preflight ends: the CLI prints them before the launch."""
+"""Preflight without hosts: its warnings (a slow or unresolvable host name, a topology it could
+not discover) are logged, one record each, when preflight ends, so the CLI prints them before
+the launch; its check script, run here by the real /bin/sh, finds what is not executable."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -64,3 +67,21 @@ def test_no_warnings_no_records(
     with caplog.at_level(logging.WARNING, logger="poprun_py.launch.preflight"):
         pf.preflight(Pool({"h1": SYSFS}))
     assert caplog.records == []
+
+
+def test_a_path_that_is_no_executable_file_is_missing(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    plain.chmod(0o644)
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    checks = pf.Checks(commands=(str(plain), str(tool), str(tmp_path), "sh", "no-such-tool-x"))
+    argv = pf.checks_argv(checks, numactl=False)
+    out = subprocess.run(["/bin/sh", *argv[1:]], capture_output=True, text=True, check=True)
+    faults, _ = pf.parse_check_output("h1", checks, out.stdout)
+    assert [f.detail for f in faults] == [
+        f"{plain}: not an executable file",
+        f"{tmp_path}: not an executable file",
+        "no-such-tool-x: not found on PATH",
+    ]
