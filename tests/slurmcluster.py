@@ -20,6 +20,11 @@ Choices that make Slurm start in a container without systemd, cgroups or a share
   reachable from every namespace because they share the filesystem.
 - slurmd enters the host's namespace with ``nsenter --net`` rather than ``ip netns exec``: the
   latter remounts ``/sys``, hiding ``/sys/fs/cgroup``, and slurmd 22.05 refuses to start without it.
+- The nodes share this machine's filesystem, except the directories given as ``private``: each
+  slurmd (and so every task it starts) runs in a mount namespace of its own with a fresh tmpfs
+  on each of them, as a real node has its own /tmp. The session's cluster makes poprun-py's
+  default job directory root private, so the slurm backend is tested with a job directory the
+  nodes do not share.
 - Daemons run in the foreground (``-D``/``-F``) as children of the caller, who reaps them on stop.
 - Each slurmd runs under a small subreaper (:data:`REAPER`, ``python -c``):
   a task's child orphaned when the task is killed must be reaped at once, because
@@ -265,8 +270,12 @@ def start_slurm(
     *,
     state_root: Path = DEFAULT_STATE_ROOT,
     timeout: float = READY_TIMEOUT,
+    private: Sequence[str] = (),
 ) -> SlurmCluster:
     """Start munged, slurmctld and a slurmd on every host of ``hosts``; wait until all are idle.
+
+    ``private``: absolute directories each node gets an empty one of its own (a tmpfs in the
+    slurmd's own mount namespace) instead of this machine's.
 
     On any failure everything started so far is stopped again and ProvisionError is raised.
     """
@@ -277,7 +286,7 @@ def start_slurm(
         raise ProvisionError(f"test Slurm {name!r} exists ({state_dir}); stop it first")
     deadline = time.monotonic() + timeout
     try:
-        return _start(name, hosts, state_dir, deadline)
+        return _start(name, hosts, state_dir, deadline, tuple(private))
     except BaseException:
         stop_slurm(name, state_root=state_root)
         raise
@@ -290,7 +299,9 @@ def _safe_path(path: Path) -> Path:
     return resolved
 
 
-def _start(name: str, hosts: TestCluster, state_dir: Path, deadline: float) -> SlurmCluster:
+def _start(
+    name: str, hosts: TestCluster, state_dir: Path, deadline: float, private: tuple[str, ...]
+) -> SlurmCluster:
     _make_dirs(state_dir, [h.name for h in hosts.hosts])
     controller = (socket.gethostname().split(".")[0], hosts.gateway, _free_port(hosts.gateway))
     nodes = [(h.name, h.address) for h in hosts.hosts]
@@ -302,7 +313,7 @@ def _start(name: str, hosts: TestCluster, state_dir: Path, deadline: float) -> S
     munged = _start_munged(state_dir, deadline)
     ctld = _spawn([_tool("slurmctld"), "-D", "-i", "-f", str(conf)], state_dir, "slurmctld")
     _wait_port(controller[1], controller[2], state_dir / "log" / "slurmctld.log", deadline)
-    slurmds = [_start_slurmd(host, conf, state_dir) for host in hosts.hosts]
+    slurmds = [_start_slurmd(host, conf, state_dir, private) for host in hosts.hosts]
     cluster = SlurmCluster(
         name=name,
         state_dir=state_dir,
@@ -390,18 +401,27 @@ def _start_munged(state_dir: Path, deadline: float) -> int:
     return pid
 
 
-def _start_slurmd(host: TestHost, conf: Path, state_dir: Path) -> int:
-    """slurmd in the host's network namespace (no new mount namespace) and a new UTS one."""
+def _start_slurmd(
+    host: TestHost, conf: Path, state_dir: Path, private: tuple[str, ...] = ()
+) -> int:
+    """slurmd in the host's network namespace and a new UTS one; with ``private`` directories
+    also a new mount namespace with a tmpfs on each (nothing else of the filesystem changes)."""
+    for path in private:
+        if not _SAFE_PATH_RE.fullmatch(path):
+            raise ProvisionError(f"private directory {path!r} must match [A-Za-z0-9_./+-]")
+        Path(path).mkdir(parents=True, exist_ok=True)
+    mounts = "".join(f"mount -t tmpfs -o mode=0755 poprun-node {p} && " for p in private)
     argv = [
         _tool("nsenter"),
         f"--net=/run/netns/{host.netns}",
         "--",
         _tool("unshare"),
         "--uts",
+        *(["--mount", "--propagation", "private"] if private else []),
         "--",
         "sh",
         "-c",
-        _HOSTNAME_SCRIPT,
+        mounts + _HOSTNAME_SCRIPT,
         host.name,
         sys.executable,
         "-I",

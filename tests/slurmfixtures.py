@@ -4,7 +4,9 @@ Enable with ``pytest_plugins = ["tests.slurmfixtures"]`` in tests/conftest.py. F
 
 - ``slurm_cluster``: a :class:`~tests.slurmcluster.SlurmCluster` of three nodes, each a test host
   (network namespace with its own hostname and address) running its own slurmd; started once
-  per session, stopped and removed at its end.
+  per session, stopped and removed at its end. Each node has a private, empty
+  :data:`~poprun_py.launch.launcher.JOBS_ROOT` (poprun-py's default job directories), as a real
+  node has its own /tmp: a launch without ``--output-dir`` must stage its job files itself.
 - ``slurm_env``: for one test, ``SLURM_CONF`` of that cluster set in ``os.environ`` and any
   outer allocation's ``SLURM_*`` variables removed; returns the environment for subprocesses.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.launch.launcher import JOBS_ROOT
 from poprun_py.providers.netns import can_create_hosts, create_cluster, destroy_cluster, host_pids
 from tests.hostfixtures import session_tag
 from tests.slurmcluster import SlurmCluster, can_start_slurm, list_slurm, start_slurm, stop_slurm
@@ -85,7 +88,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     hosts = create_cluster(name, SLURM_NODES, host_prefix=f"s{session_tag()}")
     cluster = None
     try:
-        cluster = start_slurm(name, hosts)
+        cluster = start_slurm(name, hosts, private=(JOBS_ROOT,))
         _notes.append(f"test Slurm ({SLURM_NODES} nodes) up in {time.monotonic() - started:.2f} s")
         yield cluster
     finally:

@@ -2,7 +2,9 @@
 
 The ssh backend starts it with ``python3 -S -c BOOTSTRAP`` (:data:`BOOTSTRAP`) and writes to its
 stdin the agent itself -- compiled, for a host whose Python has the same bytecode magic, and as
-source -- so nothing has to be installed on the host; then requests: commands to run first
+source -- so nothing has to be installed on the host (a python3 older than
+:data:`MIN_PYTHON` is refused by the bootstrap with one line, which preflight reports for that
+host: exit 3, nothing started); then requests: commands to run first
 (preflight's checks, so a whole launch costs one login session per host), then the host's part
 of the job, then control lines. It uses the standard library only and runs on any Python 3.7+
 on Linux.
@@ -68,15 +70,20 @@ BOOTSTRAP = (
     " return b\n"
     "a=sys.argv[1:]+['','0']\n"
     "c=r(int(a[2]));s=r(int(a[0]))\n"
+    "if sys.version_info<(3,7):\n"
+    " sys.stderr.write('poprun-py agent: python3 here is %d.%d; poprun-py needs 3.7 or later"
+    " on every host\\n'%sys.version_info[:2]);sys.exit(3)\n"
     "if c and a[1]==sys.modules['_frozen_importlib_external'].MAGIC_NUMBER.hex():\n"
     " import marshal;exec(marshal.loads(c))\n"
     "else:exec(compile(s,'poprun-agent','exec'))\n"
 )
 """Arguments ``SOURCE_LEN [MAGIC CODE_LEN]``; reads exactly CODE_LEN bytes of the agent compiled
 by poprun-py, then SOURCE_LEN bytes of its source, from stdin (never more: the rest is the
-header), and runs the compiled agent when this Python's bytecode magic is MAGIC (saving the
-compile, ~6 ms a host), else the source."""
+header), refuses a Python older than :data:`MIN_PYTHON` in one stderr line, and runs the
+compiled agent when this Python's bytecode magic is MAGIC (saving the compile, ~6 ms a host),
+else the source."""
 
+MIN_PYTHON = (3, 7)  # the oldest python3 the agent runs on (checked by BOOTSTRAP)
 RUN_ID_VAR = "POPRUN_RUN_ID"  # the same name poprun_py.process.supervise uses
 DRAIN = 1.0  # once nothing is left running, how long to wait for the last output
 SCAN_EVERY = 0.05  # while stopping leftovers, how often to look for them in /proc

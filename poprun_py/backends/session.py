@@ -52,16 +52,16 @@ def local_topologies(prep: Prepared) -> dict[str, Topology | None]:
 
 
 def ssh_settings(prep: Prepared, settings: RunSettings) -> SshSettings:
-    """The transport settings for this job (cluster spec, then flags)."""
-    from poprun_py.ssh.transport import SshSettings
+    """The transport settings for this job: the launch's SSH flags, then the cluster spec."""
+    from poprun_py.prepare.job import ssh_settings as resolve
 
-    cluster = prep.plan.cluster
-    return SshSettings.of(
-        known_hosts=settings.known_hosts or cluster.known_hosts,
-        ssh_config=cluster.ssh_config,
-        accept_new_host_keys=settings.accept_new_host_keys,
+    flags = replace(
+        prep.options.ssh,
+        known_hosts=settings.known_hosts or prep.options.ssh.known_hosts,
+        accept_new_host_keys=settings.accept_new_host_keys or prep.options.ssh.accept_new_host_keys,
         connect_timeout=prep.connect_timeout,
     )
+    return resolve(prep.plan.cluster, flags)
 
 
 def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Prepared:

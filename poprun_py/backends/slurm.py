@@ -16,6 +16,10 @@ grace period runs out, srun gets SIGKILL. Whatever happened, a step of this job'
 Slurm still lists afterwards gets ``scancel --signal=KILL`` and is waited for, so nothing is
 left on the nodes.
 
+Staging: the step carries its own task script (``srun --bcast``, see ``templates/srun.j2``), so
+the job directory -- by default under /tmp of this machine -- need not be shared with the
+nodes; afterwards one more step removes the staged copies (a failure to do so is a warning).
+
 Example:
 
     >>> report = TaskReport()
@@ -28,10 +32,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,8 +58,10 @@ from poprun_py.backends.slurm_alloc import (
     cancel_steps,
     current_allocation,
     step_names,
+    unstage_argv,
 )
 from poprun_py.errors import BackendError, Fault, PreflightError
+from poprun_py.process.commands import failure_line, run_captured
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed, Supervised
 
@@ -72,6 +80,8 @@ _EXITED = re.compile(r"Exited with exit code (\d+)")
 _ERROR = re.compile(r"srun: error: (.+)")
 _SIGNALS = {signal.strsignal(s) or "": int(s) for s in signal.valid_signals()}
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
+TASK_SCRIPT = "slurm-task.sh"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -195,6 +205,8 @@ class SlurmBackend(Defaults):
         """Write the job's files and start the srun step; no step outlives ``wait``."""
         env = {**job.launcher_env, **self.environ}
         hosts = prepare_launcher(job, env, "slurm", SRUN_MISSING)
+        if TASK_SCRIPT in job.files:  # srun --bcast runs it on the nodes: it must be executable
+            os.chmod(os.path.join(job.job_dir, TASK_SCRIPT), 0o700)
         output = Output(options, hosts, launcher="srun")
         report = TaskReport()
 
@@ -202,6 +214,7 @@ class SlurmBackend(Defaults):
             return LabelDemux(output, stream, report, len(hosts))
 
         with contextlib.ExitStack() as stack:
+            stack.callback(unstage, job, env)
             stack.callback(leave_nothing, job, env)
             run = start_launcher(job, env, output, options.grace_period, demux, control)
             return LauncherRun(run, stack.pop_all(), lambda done: task_results(done, hosts, report))
@@ -263,6 +276,21 @@ def leave_nothing(job: RenderedJob, env: Mapping[str, str]) -> None:
     with contextlib.suppress(BackendError):  # slurmctld gone: nothing we can cancel
         while cancel_steps(names, environ) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def unstage(job: RenderedJob, env: Mapping[str, str]) -> None:
+    """Remove what the step staged on its nodes (one task a node); a failure is a warning."""
+    argv = unstage_argv(job.launcher, [cmd.host for cmd in job.instances])
+    if argv is None:
+        return
+    try:
+        proc = run_captured(argv, timeout=CLEANUP_TIMEOUT, env={**os.environ, **env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("could not remove the staged task script from the nodes: %s", exc)
+        return
+    if proc.returncode != 0:
+        why = failure_line(proc)
+        log.warning("could not remove the staged task script from the nodes: %s", why)
 
 
 def _reported(end: TaskEnd, stopping: bool, report: TaskReport) -> _Outcome:

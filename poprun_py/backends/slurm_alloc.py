@@ -11,6 +11,8 @@ The step itself is rendered by ``templates/srun.j2`` (see its header: task place
   nodes by default, since Slurm binds only to CPUs the allocation holds), run steps in it by
   passing :attr:`Allocation.environ` to srun, and ``scancel`` it afterwards;
 - :func:`cancel_steps` -- cancel steps or jobs by name (what a killed srun leaves running);
+- :func:`unstage_argv` -- the step that removes what the task step staged on its nodes
+  (``srun --bcast``'s copy of the task script, and shard files the tasks wrote beside it);
 - :func:`batch_script` -- ``templates/sbatch.j2``: ``#SBATCH`` directives for the request, and a
   body that runs ``poprun-py launch --backend slurm ...`` inside the allocation, where hosts
   come from Slurm at run time.
@@ -236,6 +238,51 @@ def step_names(launcher: Sequence[str]) -> tuple[str, ...]:
         elif arg in ("-J", "--job-name") and pos + 1 < len(args):
             names.append(args[pos + 1])
     return tuple(names)
+
+
+def staged_path(launcher: Sequence[str]) -> str | None:
+    """Where an srun argv has ``--bcast=PATH`` copy its program on every node (or None).
+
+    >>> staged_path(["srun", "-N2", "--bcast=/tmp/p.sh", "/job/slurm-task.sh", "--bcast=x"])
+    '/tmp/p.sh'
+    """
+    for arg in launcher[1:]:
+        if not arg.startswith("-"):
+            return None
+        if arg.startswith("--bcast="):
+            return arg.split("=", 1)[1] or None
+    return None
+
+
+def unstage_argv(launcher: Sequence[str], hosts: Sequence[str]) -> list[str] | None:
+    """One task on each of ``hosts`` removing what ``launcher`` (an srun argv with
+    ``--bcast=STAGE``) left there: STAGE and the ``STAGE-without-.sh.shard-N.txt`` files its
+    tasks wrote; None when it staged nothing.
+
+    >>> unstage_argv(["srun", "--job-name=poprun-j", "--bcast=/tmp/p.sh", "t.sh"], ["n1", "n2"])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['srun', '--job-name=poprun-j-unstage', '--nodes=2', '--ntasks=2', '--ntasks-per-node=1',
+     '--nodelist=n1,n2', '/bin/sh', '-c', 'rm -f -- "$1" "${1%.sh}".shard-*.txt', 'sh',
+     '/tmp/p.sh']
+    """
+    stage = staged_path(launcher)
+    if stage is None or not hosts:
+        return None
+    nodes = list(dict.fromkeys(hosts))
+    name = next(iter(step_names(launcher)), "poprun")
+    return [
+        "srun",
+        f"--job-name={name}-unstage",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "/bin/sh",
+        "-c",
+        'rm -f -- "$1" "${1%.sh}".shard-*.txt',
+        "sh",
+        stage,
+    ]
 
 
 def _named(listing: str, names: Iterable[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 Command modules (``plan_cmd``, ``launch_cmd``, ``remote_cmd``, ``provision_cmd``) register their
 commands on :data:`app`; ``poprun_py.cli.main`` imports them all and runs the app, turning
-``PoprunError`` into one line on stderr and its exit code. Heavy libraries (rich, fabric,
+``PoprunError`` into one line on stderr and its exit code. Heavy libraries (rich,
 paramiko, jinja2, pydantic) are imported inside command functions only, so ``--help`` is fast.
 
 Example:

@@ -10,11 +10,12 @@ Example:
     $ poprun-py launch -c clusters/local-2.yaml python examples/train.py --steps 20
 """
 
+import contextlib
 import gc
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from poprun_py.cli import options as o
@@ -56,6 +57,9 @@ def _command(mode: str) -> Callable[..., None]:
         connect_timeout: o.ConnectTimeout = None,
         accept_new_host_keys: o.AcceptNewHostKeys = False,
         known_hosts: o.KnownHosts = None,
+        ssh_config: o.SshConfig = None,
+        identity: o.Identity = None,
+        user: o.User = None,
         sync: o.Sync = False,
         fmt: o.Format = "table",
         output_dir: o.OutputDir = None,
@@ -85,6 +89,11 @@ def _command(mode: str) -> Callable[..., None]:
             templates=templates,
             grace_period=grace_period,
             connect_timeout=connect_timeout,
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            identity=identity,
+            user=user,
+            accept_new_host_keys=accept_new_host_keys,
             slurm_time=slurm_time,
             slurm_partition=partition,
             slurm_account=account,
@@ -106,9 +115,7 @@ def _command(mode: str) -> Callable[..., None]:
             return
         if print_topology:
             show_plan(prep.plan, "table")
-        _launch(
-            prep, output_dir, only_output_from_instance, accept_new_host_keys, known_hosts, sync
-        )
+        _launch(prep, output_dir, only_output_from_instance, sync)
 
     command.__name__ = mode
     command.__doc__ = {
@@ -196,14 +203,7 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
     return [*argv, "--", *opts.program]
 
 
-def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
-    prep: Prepared,
-    output_dir: str | None,
-    only_from: int | None,
-    accept_new: bool,
-    known_hosts: str | None,
-    sync: bool,
-) -> None:
+def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync: bool) -> None:
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -215,11 +215,10 @@ def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
     settings = launcher.RunSettings(
         output_dir=output_dir,
         only_output_from=only_from,
-        accept_new_host_keys=accept_new,
-        known_hosts=known_hosts,
         sync=sync,
     )
-    result = launcher.launch(prep, settings)
+    with _warnings_to_stderr():
+        result = launcher.launch(prep, settings)
     if result.interrupted:
         _print_summary(result)
         raise Interrupted("interrupted: every instance was stopped", result)
@@ -227,6 +226,26 @@ def _launch(  # noqa: PLR0917 - the CLI's run-time flags, passed through once
         _print_summary(result)
         root = result.root_cause
         raise LaunchFailed(_describe_root(result), root.code if root else 1, result)
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Print what the library logs as warnings (preflight's slow names, undiscovered
+    topologies) on stderr, one line each, as they come: before the launch starts. The
+    logging set-up is undone afterwards (the CLI also runs in-process, in tests)."""
+    import logging
+
+    logger = logging.getLogger("poprun_py")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("poprun-py: warning: %(message)s"))
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _describe_root(result: "LaunchResult") -> str:

@@ -1,10 +1,13 @@
-"""Option declarations shared by ``plan``, ``render`` and ``launch`` (typer ``Annotated`` aliases).
+"""Option declarations shared by ``plan``, ``render`` and ``launch``, and the SSH options every
+remote command takes (typer ``Annotated`` aliases).
 
 Example:
 
-    >>> from poprun_py.cli.options import Hosts
+    >>> from poprun_py.cli.options import Hosts, Identity, KnownHosts, SshConfig, User
     >>> Hosts.__metadata__[0].param_decls
     ('--hosts', '-H')
+    >>> [o.__metadata__[0].param_decls[0] for o in (SshConfig, Identity, User, KnownHosts)]
+    ['--ssh-config', '--identity', '--user', '--known-hosts']
 """
 
 from __future__ import annotations
@@ -154,19 +157,23 @@ GracePeriod = Annotated[
         help="Seconds between SIGTERM and SIGKILL when stopping instances (default 5).",
     ),
 ]
+H_SSH = "SSH"
+# The SSH options: the same six on every command that reaches hosts (launch, plan, render,
+# exec, sync). Flags first, then the cluster spec's ``ssh:``, then ~/.ssh (see
+# poprun_py.prepare.job.ssh_settings).
 ConnectTimeout = Annotated[
     Optional[float],  # noqa: UP045
     typer.Option(
         "--connect-timeout",
-        rich_help_panel=H_RUN,
-        help="SSH connect timeout in seconds (default 10).",
+        rich_help_panel=H_SSH,
+        help="SSH connect timeout in seconds (default: the cluster spec's, else 10).",
     ),
 ]
 AcceptNewHostKeys = Annotated[
     bool,
     typer.Option(
         "--accept-new-host-keys",
-        rich_help_panel=H_RUN,
+        rich_help_panel=H_SSH,
         help="Record unknown SSH host keys (a changed key is always refused).",
     ),
 ]
@@ -174,8 +181,26 @@ KnownHosts = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--known-hosts",
-        rich_help_panel=H_RUN,
+        rich_help_panel=H_SSH,
         help="Extra known_hosts file (default: the cluster spec's, then ~/.ssh).",
+    ),
+]
+SshConfig = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--ssh-config",
+        rich_help_panel=H_SSH,
+        help="ssh_config file (default: the cluster spec's, else ~/.ssh/config).",
+    ),
+]
+Identity = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--identity", rich_help_panel=H_SSH, help="Private key for hosts that name none."),
+]
+User = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--user", "-l", rich_help_panel=H_SSH, help="Login user for hosts that name none."
     ),
 ]
 Format = Annotated[

@@ -26,15 +26,14 @@ import typer
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
+from poprun_py.prepare.job import SshOptions
 from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.ssh.fanout import LineFn
     from poprun_py.ssh.sync import SyncReport
-    from poprun_py.ssh.transport import ConnectionPool, SshSettings
-
-H_SSH = "SSH"
+    from poprun_py.ssh.transport import ConnectionPool
 
 Command = Annotated[
     list[str], typer.Argument(help="The command and its arguments (put them after --).")
@@ -50,22 +49,6 @@ Gather = Annotated[
 Timeout = Annotated[
     Optional[float],  # noqa: UP045
     typer.Option("--timeout", "-t", help="Stop the command on a host after this many seconds."),
-]
-SshConfig = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--ssh-config", rich_help_panel=H_SSH, help="ssh_config file (default: ~/.ssh/config)."
-    ),
-]
-Identity = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--identity", rich_help_panel=H_SSH, help="Private key for hosts that name none."),
-]
-User = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--user", "-l", rich_help_panel=H_SSH, help="Login user for hosts that name none."
-    ),
 ]
 Dest = Annotated[
     Optional[str],  # noqa: UP045
@@ -87,9 +70,9 @@ def exec_cmd(
     connect_timeout: o.ConnectTimeout = None,
     accept_new_host_keys: o.AcceptNewHostKeys = False,
     known_hosts: o.KnownHosts = None,
-    ssh_config: SshConfig = None,
-    identity: Identity = None,
-    user: User = None,
+    ssh_config: o.SshConfig = None,
+    identity: o.Identity = None,
+    user: o.User = None,
 ) -> None:
     """Run a command on every host in parallel; exit with the worst host's code."""
     from poprun_py.ssh.fanout import gathered, problems, run_everywhere, worst_exit_code
@@ -101,12 +84,14 @@ def exec_cmd(
     with _connected(
         hosts,
         cluster,
-        connect_timeout=connect_timeout,
-        accept_new=accept_new_host_keys,
-        known_hosts=known_hosts,
-        ssh_config=ssh_config,
-        identity=identity,
-        user=user,
+        SshOptions(
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            identity=identity,
+            user=user,
+            accept_new_host_keys=accept_new_host_keys,
+            connect_timeout=connect_timeout,
+        ),
     ) as pool:
         on_line = None if gather else _tagged_printer()
         outcomes = run_everywhere(pool, command, timeout=timeout, on_line=on_line)
@@ -146,9 +131,9 @@ def sync_cmd(
     connect_timeout: o.ConnectTimeout = None,
     accept_new_host_keys: o.AcceptNewHostKeys = False,
     known_hosts: o.KnownHosts = None,
-    ssh_config: SshConfig = None,
-    identity: Identity = None,
-    user: User = None,
+    ssh_config: o.SshConfig = None,
+    identity: o.Identity = None,
+    user: o.User = None,
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""
     from poprun_py.ssh.sync import METHODS
@@ -160,12 +145,14 @@ def sync_cmd(
     with _connected(
         hosts,
         cluster,
-        connect_timeout=connect_timeout,
-        accept_new=accept_new_host_keys,
-        known_hosts=known_hosts,
-        ssh_config=ssh_config,
-        identity=identity,
-        user=user,
+        SshOptions(
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            identity=identity,
+            user=user,
+            accept_new_host_keys=accept_new_host_keys,
+            connect_timeout=connect_timeout,
+        ),
     ) as pool:
         report = _sync_with_progress(pool, paths or ["."], dest, method)
     _print_sync_summary(report)
@@ -204,31 +191,13 @@ def _print_sync_summary(report: SyncReport) -> None:
 
 
 @contextlib.contextmanager
-def _connected(
-    hosts: str | None,
-    cluster: str | None,
-    *,
-    connect_timeout: float | None,
-    accept_new: bool,
-    known_hosts: str | None,
-    ssh_config: str | None,
-    identity: str | None,
-    user: str | None,
-) -> Iterator[ConnectionPool]:
+def _connected(hosts: str | None, cluster: str | None, ssh: SshOptions) -> Iterator[ConnectionPool]:
     """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
+    from poprun_py.prepare.job import ssh_settings
     from poprun_py.ssh.transport import ConnectionPool
 
     spec = target_cluster(hosts, cluster)
-    settings = ssh_settings(
-        spec,
-        connect_timeout=connect_timeout,
-        accept_new=accept_new,
-        known_hosts=known_hosts,
-        ssh_config=ssh_config,
-        identity=identity,
-        user=user,
-    )
-    with ConnectionPool(spec.hosts, settings) as pool:
+    with ConnectionPool(spec.hosts, ssh_settings(spec, ssh)) as pool:
         yield pool
 
 
@@ -251,36 +220,3 @@ def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
     if spec.simulated:
         raise UsageError(f"cluster {spec.name!r} is simulated: it has no hosts to reach")
     return spec
-
-
-def ssh_settings(
-    spec: ClusterSpec,
-    *,
-    connect_timeout: float | None,
-    accept_new: bool,
-    known_hosts: str | None,
-    ssh_config: str | None,
-    identity: str | None,
-    user: str | None,
-) -> SshSettings:
-    """Flags first, then the cluster spec, then the defaults."""
-    from poprun_py.prepare.job import DEFAULT_CONNECT_TIMEOUT
-    from poprun_py.ssh.transport import SshSettings
-
-    known = known_hosts or spec.known_hosts
-    config = ssh_config or spec.ssh_config
-    timeout = next(
-        t
-        for t in (connect_timeout, spec.defaults.connect_timeout, DEFAULT_CONNECT_TIMEOUT)
-        if t is not None
-    )
-    if timeout <= 0:
-        raise UsageError("--connect-timeout must be more than 0")
-    return SshSettings.of(
-        known_hosts=known,
-        ssh_config=config,
-        accept_new_host_keys=accept_new,
-        connect_timeout=timeout,
-        identity_file=identity,
-        user=user,
-    )

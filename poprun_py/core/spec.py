@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from poprun_py.core.hosts import HostEntry
 from poprun_py.core.topology import Topology
@@ -165,22 +165,14 @@ def cluster_from_hosts(
     topology: Topology | None = None,
     base: ClusterSpec | None = None,
 ) -> ClusterSpec:
-    """A cluster from ``--hosts`` entries; keeps what ``base`` (a spec file) says of each host."""
+    """A cluster from ``--hosts`` entries; keeps what ``base`` (a spec file) says of each host
+    and of the cluster (ssh settings, env, defaults, workdir), only the host list changes."""
     known = {h.name: h for h in base.hosts} if base else {}
     hosts = tuple(_merge_host(known.get(e.name), e, topology) for e in entries)
     if base is None:
         return ClusterSpec(name=name, hosts=hosts, simulated=simulated)
-    return ClusterSpec(
-        name=base.name,
-        hosts=hosts,
-        source=base.source,
-        simulated=base.simulated or simulated,
-        workdir=base.workdir,
-        env=base.env,
-        defaults=base.defaults,
-        provider=base.provider,
-        setup=base.setup,
-    )
+    # everything else the spec says (ssh settings, env, defaults...) applies to these hosts too
+    return replace(base, hosts=hosts, simulated=base.simulated or simulated)
 
 
 def _merge_host(known: HostSpec | None, entry: HostEntry, topology: Topology | None) -> HostSpec:

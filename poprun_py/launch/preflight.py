@@ -9,6 +9,11 @@ parallel with those: how long each host name takes to resolve (a name that resol
 at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and host-key mismatches
 come from :meth:`ConnectionPool.connect_all` and join the same list.
 
+Warnings (a slow or unresolvable host name, a topology that could not be discovered) are in
+:attr:`PreflightReport.warnings` and are also logged, one record each, to the
+``poprun_py.launch.preflight`` logger as soon as preflight ends, before anything starts: the CLI
+prints them on stderr as ``poprun-py: warning: ...``.
+
 Example::
 
     with ConnectionPool(list(plan.cluster.hosts), SshSettings()) as pool:
@@ -23,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import ipaddress
+import logging
 import posixpath
 import socket
 import time
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
     from poprun_py.ssh.transport import RemoteResult, SshSettings
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
@@ -88,8 +95,11 @@ if [ -n "$wd" ]; then if cd -- "$wd" 2>/dev/null; then echo "wd 1"; else echo "w
 for kind in cmd file; do
   n=$1; shift; i=0
   while [ "$i" -lt "$n" ]; do
-    if [ "$kind" = cmd ]; then command -v "$1" >/dev/null 2>&1 && ok=1 || ok=0
-    else [ -e "$1" ] && ok=1 || ok=0; fi
+    if [ "$kind" = file ]; then [ -e "$1" ] && ok=1 || ok=0
+    else case $1 in  # dash's command -v takes any existing path for an executable
+      */*) [ -f "$1" ] && [ -x "$1" ] && ok=1 || ok=0 ;;
+      *) command -v "$1" >/dev/null 2>&1 && ok=1 || ok=0 ;;
+    esac; fi
     echo "$kind $i $ok"; i=$((i + 1)); shift
   done
 done
@@ -302,6 +312,8 @@ def preflight(
     outcomes = pool.map(check, connect=True)  # connection faults come back as outcomes
     hosts, faults, warnings = _collect(pool, checks, outcomes, resolving)
     report = PreflightReport(hosts, faults, warnings, time.monotonic() - started)
+    for warning in warnings:
+        log.warning("%s", warning)
     if faults and raise_on_fault:
         raise PreflightError(faults)
     return report

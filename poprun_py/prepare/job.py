@@ -8,6 +8,9 @@ Example:
     >>> prepared = prepare(opts, environ={})
     >>> prepared.backend, prepared.plan.num_instances, prepared.plan.instances_source
     ('local', 1, 'default: one instance per host')
+    >>> settings = ssh_settings(prepared.plan.cluster, SshOptions(user="ops", connect_timeout=3))
+    >>> settings.user, settings.connect_timeout, settings.known_hosts
+    ('ops', 3.0, None)
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import gc
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poprun_py.backends import check_backend
 from poprun_py.core.env import check_user_env
@@ -28,9 +32,42 @@ from poprun_py.core.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 
+if TYPE_CHECKING:
+    from poprun_py.ssh.transport import SshSettings
+
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """The SSH flags every remote command takes (``launch``, ``exec``, ``sync``...), as given."""
+
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    identity: str | None = None
+    user: str | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float | None = None
+
+
+def ssh_settings(cluster: ClusterSpec, ssh: SshOptions) -> SshSettings:
+    """How to reach ``cluster``'s hosts: flags first, then the cluster spec's ``ssh:`` (and its
+    ``defaults.connect_timeout``), then the defaults. The one place every command gets them."""
+    from poprun_py.ssh.transport import SshSettings
+
+    timeout = ssh.connect_timeout
+    if timeout is not None and timeout <= 0:
+        raise UsageError(f"--connect-timeout must be more than 0, got {timeout}")
+    return SshSettings.of(
+        known_hosts=ssh.known_hosts or cluster.known_hosts,
+        ssh_config=ssh.ssh_config or cluster.ssh_config,
+        accept_new_host_keys=ssh.accept_new_host_keys,
+        connect_timeout=_first(timeout, cluster.defaults.connect_timeout, DEFAULT_CONNECT_TIMEOUT),
+        identity_file=ssh.identity,
+        user=ssh.user,
+    )
 
 
 @dataclass(frozen=True)
@@ -55,9 +92,26 @@ class LaunchOptions:
     templates: str | None = None
     grace_period: float | None = None
     connect_timeout: float | None = None
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    identity: str | None = None
+    user: str | None = None
+    accept_new_host_keys: bool = False
     slurm_time: str | None = None
     slurm_partition: str | None = None
     slurm_account: str | None = None
+
+    @property
+    def ssh(self) -> SshOptions:
+        """The SSH flags among these options."""
+        return SshOptions(
+            known_hosts=self.known_hosts,
+            ssh_config=self.ssh_config,
+            identity=self.identity,
+            user=self.user,
+            accept_new_host_keys=self.accept_new_host_keys,
+            connect_timeout=self.connect_timeout,
+        )
 
 
 @dataclass(frozen=True)
@@ -92,7 +146,7 @@ def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Pr
 def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
     _check_positive(opts)
     base = _load_base(opts.cluster)
-    cluster = _cluster(opts, base, env)
+    cluster = _with_ssh_flags(_cluster(opts, base, env), opts)
     d = cluster.defaults
     backend = check_backend(opts.backend or d.backend or _default_backend(cluster, env))
     local_topo = _local_topology() if backend == "local" or cluster.all_local else None
@@ -157,6 +211,18 @@ def _cluster(opts: LaunchOptions, base: ClusterSpec | None, env: Mapping[str, st
     if entries is None:
         return base
     return cluster_from_hosts(entries, base=base)
+
+
+def _with_ssh_flags(cluster: ClusterSpec, opts: LaunchOptions) -> ClusterSpec:
+    """The cluster with ``--ssh-config``/``--known-hosts`` in place of its own, so that whatever
+    reaches the hosts (agents, Open MPI's own ssh) uses the same files."""
+    if not (opts.ssh_config or opts.known_hosts):
+        return cluster
+    return replace(
+        cluster,
+        ssh_config=opts.ssh_config or cluster.ssh_config,
+        known_hosts=opts.known_hosts or cluster.known_hosts,
+    )
 
 
 def _default_backend(cluster: ClusterSpec, env: Mapping[str, str]) -> str:

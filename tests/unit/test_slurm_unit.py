@@ -24,10 +24,11 @@ from poprun_py.backends.slurm import (
 )
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology, uniform
 from poprun_py.errors import BackendError, RenderError, UsageError
-from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.output import LAUNCHER_INDEX, Output, write_job_files
 from poprun_py.process.supervise import ChildExit, Supervised
 from poprun_py.render.job import RenderedJob, render_job
 from tests.slurmcluster import node_config, slurm_conf_text
@@ -52,6 +53,23 @@ def rendered(plan: LaunchPlan, job_dir: str = JOB_DIR) -> RenderedJob:
     return render_job(plan, "slurm", job_dir=job_dir)
 
 
+def exec_line(job: RenderedJob, index: int) -> str:
+    """The command task ``index`` runs: the last line of its part of slurm-task.sh."""
+    lines = job.files["slurm-task.sh"].splitlines()
+    start = lines.index(f"{index})")
+    return lines[lines.index(";;", start) - 1]
+
+
+def run_task(
+    job: RenderedJob, index: int, script: Path, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (a copy of slurm-task.sh) as srun would run it for task ``index``."""
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": str(index), **job.launcher_env}
+    return subprocess.run(
+        [str(script)], env={**env, **(environ or {})}, capture_output=True, text=True, check=True
+    )
+
+
 # ---------------------------------------------------------------- srun.j2
 
 
@@ -69,7 +87,7 @@ def test_srun_argv_places_tasks_by_plan_and_binds_like_the_plan() -> None:
         "--label",
         "--cpu-bind=mask_cpu:0x3,0xc",
         "--mem-bind=mask_mem:0x1,0x2",
-        "/bin/sh",
+        "--bcast=/tmp/poprun-shared-jobs-run1.sh",  # srun copies the task script to each node
         f"{JOB_DIR}/slurm-task.sh",
     )
     assert job.files["slurm-hostfile"] == "n2\nn2\nn1\nn1\n"  # task i -> plan instance i's host
@@ -79,7 +97,7 @@ def test_srun_binding_is_none_when_numa_binding_is_off() -> None:
     job = rendered(plan_of(numa_aware=False))
     assert "--cpu-bind=none" in job.launcher
     assert not any(a.startswith("--mem-bind") for a in job.launcher)
-    assert job.files["slurm-task-0.sh"].splitlines()[-1] == "exec python train.py --name 'run 1'"
+    assert exec_line(job, 0) == "exec python train.py --name 'run 1'"
 
 
 def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
@@ -90,7 +108,7 @@ def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
     plan = make_plan(ClusterSpec("mixed", hosts), JobSpec(("prog",), replicas=4, instances=4))
     job = rendered(plan)
     assert "--cpu-bind=none" in job.launcher
-    last = [job.files[f"slurm-task-{i}.sh"].splitlines()[-1] for i in range(4)]
+    last = [exec_line(job, i) for i in range(4)]
     assert last[0] == "exec numactl --physcpubind=0-1 --membind=0 prog"
     assert last[2] == "exec numactl --physcpubind=0-1 --membind=0 prog"
     assert last[3] == "exec numactl --physcpubind=2-3 --membind=0 prog"
@@ -99,7 +117,7 @@ def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
 def test_srun_binding_drops_the_numactl_prefix_from_tasks() -> None:
     job = rendered(plan_of())
     assert job.instances[0].argv[0] == "numactl"  # what the local backend would run
-    assert job.files["slurm-task-1.sh"].splitlines()[-1] == "exec python train.py --name 'run 1'"
+    assert exec_line(job, 1) == "exec python train.py --name 'run 1'"
 
 
 def test_secrets_travel_in_srun_environment_not_in_files() -> None:
@@ -111,27 +129,43 @@ def test_secrets_travel_in_srun_environment_not_in_files() -> None:
 
 
 def test_task_scripts_reproduce_every_value_exactly_when_run(tmp_path: Path) -> None:
-    """Write the files, run the wrapper as srun would (SLURM_PROCID set), compare environments."""
+    """Write the files, run the script as srun would (SLURM_PROCID set), compare environments."""
     env = (EnvVar("MSG", TRICKY), EnvVar("EMPTY", ""), EnvVar("TOKEN", "x y", secret=True))
     dump = "import json, os, sys; print(json.dumps({'env': dict(os.environ), 'argv': sys.argv}))"
     plan = plan_of(numa_aware=False, env=env, program=(sys.executable, "-c", dump, TRICKY))
     job = rendered(plan, str(tmp_path / "job dir"))
-    for name, text in job.files.items():
-        path = Path(job.job_dir) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    write_job_files(job)
+    script = Path(job.job_dir) / "slurm-task.sh"
+    script.chmod(0o700)
     for cmd in job.instances:
-        proc = subprocess.run(
-            ["/bin/sh", str(Path(job.job_dir) / "slurm-task.sh")],
-            env={"PATH": "/usr/bin:/bin", "SLURM_PROCID": str(cmd.index), **job.launcher_env},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        got = json.loads(proc.stdout)
+        got = json.loads(run_task(job, cmd.index, script).stdout)
         assert got["argv"][1:] == [TRICKY]
         for key, value in cmd.env.items():
             assert got["env"][key] == value, key
+
+
+def test_a_task_on_a_node_without_the_job_directory_writes_its_own_shard(tmp_path: Path) -> None:
+    """What srun --bcast gives a node that does not share the job directory: only the staged
+    copy of the task script. Each task then writes its shard file beside that copy."""
+    shards = [f"/data/part {i}.npz" for i in range(3)]
+    dump = "import json, os; print(json.dumps(dict(os.environ)))"
+    plan = make_plan(
+        cluster_from_hosts(parse_hosts("n1,n2")),
+        JobSpec((sys.executable, "-c", dump), replicas=2, instances=2),
+        InputSet.of([InputFile(p, 10) for p in shards]),
+    )
+    job = rendered(plan, str(tmp_path / "not-here"))
+    staged = tmp_path / "node-tmp" / "poprun-staged.sh"
+    staged.parent.mkdir()
+    staged.write_text(job.files["slurm-task.sh"])
+    staged.chmod(0o700)
+    for cmd in job.instances:
+        got = json.loads(run_task(job, cmd.index, staged).stdout)
+        shard = Path(got["POPRUN_SHARD_FILE"])
+        assert shard == staged.parent / f"poprun-staged.shard-{cmd.index}.txt"
+        assert shard.read_text() == cmd.shard_text and cmd.shard_text
+        assert shard.stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "not-here").exists()
 
 
 def test_task_wrapper_refuses_to_run_outside_srun(tmp_path: Path) -> None:
