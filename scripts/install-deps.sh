@@ -17,6 +17,8 @@ REQUIREMENTS=(
     openssh-client:ssh
     openmpi-bin:mpirun
     libopenmpi-dev:mpicc
+    mpich:mpiexec.hydra
+    libmpich-dev:mpicc.mpich
     iproute2:ip
     numactl:numactl
     rsync:rsync

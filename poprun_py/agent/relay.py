@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from poprun_py.agent.client import AgentConnection, AgentPool
     from poprun_py.render.job import RenderedJob
 
+AGENT_RUN_VAR = "POPRUN_AGENT_RUN_ID"
+"""The relay's run id, in the launcher's environment: a rank that MPICH's hydra starts (in a
+session of its own, with the launcher's environment, not the daemon's) joins its host agent's
+run with it (``mpiexec.j2``), so that the agent stops it with the daemon."""
 REQUEST_TIMEOUT = 10.0  # for the shim's request line, and for each write to the shim
 DAEMON_SHELL = "/bin/sh"
 
@@ -75,6 +79,9 @@ class Relay:
     def __init__(self) -> None:
         self.environ: dict[str, str] = {}
         self.lost: dict[str, Lost] = {}
+
+    def stop_daemons(self) -> None:
+        """Stop every daemon relayed so far (and its ranks) now, the launch going on."""
 
 
 @contextlib.contextmanager
@@ -122,6 +129,7 @@ class RshRelay(Relay):
         os.chmod(path, 0o600)
         self.listener.listen(128)
         self.environ[SOCKET_VAR] = path
+        self.environ[AGENT_RUN_VAR] = self.run_id
         self.spawn(self.accept)
         self.spawn(self.beat)
         return self
@@ -141,6 +149,14 @@ class RshRelay(Relay):
         for thread in threads:
             thread.join(max(0.0, self.give_up_at - time.monotonic()))
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def stop_daemons(self) -> None:
+        """Tell every agent running a daemon to stop it (hydra does not stop the other hosts'
+        proxies when a rank fails: see :mod:`poprun_py.backends.mpiexec`)."""
+        with self.lock:
+            sessions = list(self.sessions)
+        for session in sessions:
+            session.stop()
 
     def spawn(self, target: Callable[[], None]) -> None:
         """Run ``target`` on a daemon thread of its own."""

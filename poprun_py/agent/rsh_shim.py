@@ -1,4 +1,5 @@
-"""Open MPI's remote-shell agent in poprun-py's mpirun launches: orted through the host's agent.
+"""The remote-shell agent of poprun-py's MPI launches: orted (Open MPI) or hydra_pmi_proxy
+(MPICH) through the host's agent.
 
 A remote ``--backend mpirun`` launch already has one agent per host (:mod:`poprun_py.agent.host`,
 started over its SSH connection for preflight). Rather than let Open MPI open one more SSH
@@ -17,6 +18,10 @@ When the host is unknown, poprun-py is gone or the request is malformed it says 
 line and exits 255, as ssh does when it cannot connect. Standard library only, and no import of
 poprun_py: it runs with ``-S -I``, imports nothing Python does not load at start-up but
 ``_socket``, and starts in about 15 ms.
+
+MPICH's hydra takes one executable path (``-launcher ssh -launcher-exec PATH``) and runs it as
+``PATH -x HOST COMMAND WORDS...``: :func:`launcher_exec` writes (once) a two-line ``/bin/sh``
+script that execs this one with ``-S -I``.
 
 Example:
 
@@ -107,7 +112,7 @@ def run(args: Sequence[str], path: str | None) -> int:
     except ValueError as exc:
         return fail("", str(exc))
     if not path:
-        return fail(host, f"{SOCKET_VAR} is not set (only poprun-py's mpirun launches use this)")
+        return fail(host, f"{SOCKET_VAR} is not set (only poprun-py's MPI launches use this)")
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
@@ -175,9 +180,44 @@ def mpirun_args(
 
 
 def uses_relay(launcher: Sequence[str]) -> bool:
-    """True when a rendered mpirun argv starts its daemons through this script."""
+    """True when a rendered mpirun or mpiexec argv starts its daemons through this script."""
     command = agent_command()
-    return command is not None and command in launcher
+    if command is not None and command in launcher:
+        return True
+    return "-launcher-exec" in launcher and exec_script_path() in launcher
+
+
+EXEC_SCRIPT = "poprun-rsh-agent"
+
+
+def exec_script(python: str = sys.executable) -> str:
+    """The text of a one-path executable that runs this script as :func:`agent_command` does."""
+    import shlex
+
+    here = shlex.quote(os.path.abspath(__file__))
+    return f'#!/bin/sh\nexec {shlex.quote(python)} -S -I {here} "$@"\n'
+
+
+def exec_script_path(python: str = sys.executable, environ: Mapping[str, str] = os.environ) -> str:
+    """Where :func:`launcher_exec` keeps that executable: named by a digest of its text, in
+    poprun-py's cache directory (``$XDG_CACHE_HOME/poprun-py``, else ``~/.cache/poprun-py``)."""
+    import hashlib
+
+    digest = hashlib.sha256(exec_script(python).encode()).hexdigest()[:12]
+    base = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "poprun-py", f"{EXEC_SCRIPT}-{digest}")
+
+
+def launcher_exec(python: str = sys.executable, environ: Mapping[str, str] = os.environ) -> str:
+    """:func:`exec_script_path`, written (mode 0700, atomically) unless it is there already."""
+    path = exec_script_path(python, environ)
+    if not os.access(path, os.X_OK):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        temp = f"{path}.{os.getpid()}"
+        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700), "w") as out:
+            out.write(exec_script(python))
+        os.replace(temp, path)
+    return path
 
 
 def main() -> None:

@@ -11,11 +11,11 @@ has a launcher command, and one line in :data:`BACKENDS`.
 Example:
 
     >>> sorted(BACKENDS)
-    ['local', 'mpirun', 'slurm', 'ssh']
+    ['local', 'mpiexec', 'mpirun', 'slurm', 'ssh']
     >>> get_backend("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: local, mpirun, ...
+    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: local, mpiexec, ...
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ def _mpirun() -> Backend:
     return MpirunBackend()
 
 
+def _mpiexec() -> Backend:
+    from poprun_py.backends.mpiexec import MpiexecBackend
+
+    return MpiexecBackend()
+
+
 def _slurm() -> Backend:
     from poprun_py.backends.slurm import SlurmBackend
 
@@ -57,6 +63,7 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     "local": _local,
     "ssh": _ssh,
     "mpirun": _mpirun,
+    "mpiexec": _mpiexec,
     "slurm": _slurm,
 }
 

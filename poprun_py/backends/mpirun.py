@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 MPIRUN_MISSING = "mpirun not found on PATH; install Open MPI (Debian: openmpi-bin)"
 
-_TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
 _PARTIAL_TAG = re.compile(rb"\[\d*(?:,\d*(?:\](?:<[a-z]*>?)?)?)?\Z")
 _PROCESS_NAME = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
@@ -92,8 +92,13 @@ class TagDemux:
     """Splits one of mpirun's pipes into per-rank lines (and mpirun's own lines).
 
     A tag owns the text after it up to the next newline or the next tag, whichever comes
-    first; text at the start of a line without a tag belongs to mpirun.
+    first; text at the start of a line without a tag belongs to mpirun. Subclasses for other
+    launchers set ``TAG`` (group 1 the rank; group 2 the stream, else the pipe's) and
+    ``PARTIAL_TAG``.
     """
+
+    TAG = _TAG
+    PARTIAL_TAG = _PARTIAL_TAG
 
     def __init__(self, output: Output, stream: str, report: FailureReport):
         self._output, self._stream, self._report = output, stream, report
@@ -106,7 +111,7 @@ class TagDemux:
         data = self._held + data
         cut = data.rfind(b"[")
         self._held = b""
-        if cut >= 0 and _PARTIAL_TAG.match(data, cut):
+        if cut >= 0 and self.PARTIAL_TAG.match(data, cut):
             data, self._held = data[:cut], data[cut:]
         self._parse(data)
 
@@ -123,19 +128,23 @@ class TagDemux:
         pos = 0
         while pos < len(data):
             if self._owner is None:
-                tag = _TAG.match(data, pos)
+                tag = self.TAG.match(data, pos)
                 if tag:
-                    stream = "stdout" if tag.group(3) == b"stdout" else "stderr"
-                    self._owner, pos = (int(tag.group(2)), stream), tag.end()
+                    self._owner, pos = (int(tag.group(1)), self._stream_of(tag)), tag.end()
                 else:
                     self._owner = (LAUNCHER_INDEX, self._stream)
             pos = self._take(data, pos)
+
+    def _stream_of(self, tag: re.Match[bytes]) -> str:
+        if tag.lastindex is None or tag.lastindex < 2:
+            return self._stream
+        return "stdout" if tag.group(2) == b"stdout" else "stderr"
 
     def _take(self, data: bytes, pos: int) -> int:
         """Give ``data[pos:]`` up to the next newline or tag to the current owner."""
         assert self._owner is not None
         newline = data.find(b"\n", pos)
-        tag = _TAG.search(data, pos, newline if newline >= 0 else len(data))
+        tag = self.TAG.search(data, pos, newline if newline >= 0 else len(data))
         owner = self._owner
         if tag:
             self._lines[owner] = self._lines.get(owner, b"") + data[pos : tag.start()]

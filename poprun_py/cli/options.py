@@ -117,7 +117,7 @@ Backend = Annotated[
         "--backend",
         "-b",
         rich_help_panel=H_RUN,
-        help="local | ssh | mpirun | slurm (default: local when every host is this "
+        help="local | ssh | mpirun | mpiexec | slurm (default: local when every host is this "
         "machine, slurm inside an allocation, else ssh).",
     ),
 ]

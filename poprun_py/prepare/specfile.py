@@ -76,7 +76,7 @@ _HOST = Obj(
 )
 _DEFAULTS = Obj(
     {
-        "backend": OneOf(("local", "ssh", "mpirun", "slurm")),
+        "backend": OneOf(("local", "ssh", "mpirun", "mpiexec", "slurm")),
         "replicas": Int(ge=1),
         "instances": Int(ge=1),
         "devices_per_replica": Int(ge=0),

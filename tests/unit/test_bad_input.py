@@ -107,7 +107,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-backend",
         ["-H", "localhost", "-b", "pbs"],
-        "unknown backend 'pbs'; choose one of: local, mpirun, slurm, ssh",
+        "unknown backend 'pbs'; choose one of: local, mpiexec, mpirun, slurm, ssh",
     ),
     ("bad-format", ["-H", "localhost", "-f", "yaml"], "--format must be table or json"),
     ("replicas-not-integer", ["-H", "localhost", "-r", "abc"], "Invalid value for '--replicas'"),

@@ -345,7 +345,8 @@ def test_mpiexec_hostfile_and_per_context_environment() -> None:
     job = render_job(plan, "mpiexec", job_dir=JOB_DIR)
     assert job.files == {"hostfile": "h1:2\nh2:2\n"}
     globals_, contexts = split_contexts(job.launcher, "-n")
-    assert globals_ == ["mpiexec", "-f", f"{JOB_DIR}/hostfile", "-prepend-rank"]
+    hydra = ["mpiexec.hydra", "-f", f"{JOB_DIR}/hostfile", "-prepend-pattern", "[%r]<poprun>:"]
+    assert globals_ == hydra
     for tokens, cmd in zip(contexts, job.instances, strict=True):
         env, i = {}, 4
         assert tokens[:4] == ["-n", "1", "-wdir", "/w"]
@@ -353,7 +354,8 @@ def test_mpiexec_hostfile_and_per_context_environment() -> None:
             env[tokens[i + 1]], i = tokens[i + 2], i + 3
         assert tokens[i : i + 2] == ["-envlist", "TOKEN"]
         assert {**env, "TOKEN": job.launcher_env["TOKEN"]} == dict(cmd.env)
-        assert tokens[i + 2 :] == list(cmd.argv)
+        assert tokens[i + 2 : i + 4] == ["/bin/sh", "-c"]  # reports a failing rank's code
+        assert tokens[i + 5 :] == ["poprun-rank", *cmd.argv]
 
 
 # ------------------------------------------------------------------ nasty strings

@@ -1,0 +1,191 @@
+"""The mpiexec backend: MPICH's hydra (``mpiexec.hydra``) runs the rendered command.
+
+``mpiexec.j2`` tags every output line ``[RANK]<poprun>:`` (``-prepend-pattern``; hydra tags
+each chunk a rank writes, so :class:`HydraDemux` rejoins pieces of a line as the mpirun backend's
+:class:`~poprun_py.backends.mpirun.TagDemux` does) and runs each rank under a one-line
+``/bin/sh`` that writes ``poprun-py: rank exited with code N`` on its stderr when it fails.
+Hydra 4.0 neither names the rank that failed (its "EXIT CODE" is often a rank it killed) nor,
+across hosts, stops the other hosts' ranks (it waits for them); so the first such line is the
+root cause, and poprun-py stops every host's proxy and ranks through their agents.
+
+On remote hosts hydra starts its proxies (``hydra_pmi_proxy``) through poprun-py's per-host
+agents, as Open MPI's daemons do (:mod:`poprun_py.agent.relay`): ``-launcher ssh
+-launcher-exec PATH`` (:func:`poprun_py.agent.rsh_shim.launcher_exec`: hydra takes one
+executable path), and ``-localhost ADDRESS``, this machine's address towards the hosts, where
+the proxies connect back (hydra's default, this machine's host name, may not resolve there).
+The user's own ``-launcher``/``-bootstrap``/``-localhost``/``-iface`` (or ``HYDRA_*``) win.
+
+Example:
+
+    >>> args = mpiexec_args(("-verbose",), local_address="198.18.0.1", environ={})
+    >>> args[:4], args[4] == exec_script_path(), args[5:]
+    (('-verbose', '-launcher', 'ssh', '-launcher-exec'), True, ('-localhost', '198.18.0.1'))
+    >>> mpiexec_args(("-launcher", "fork"), local_address=None, environ={})
+    ('-launcher', 'fork')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from poprun_py.agent.relay import Relay, relayed
+from poprun_py.agent.rsh_shim import exec_script_path, launcher_exec
+from poprun_py.backends.base import Defaults, Session, run_to_end
+from poprun_py.backends.external import LauncherRun, prepare_launcher, start_launcher
+from poprun_py.backends.mpi import source_address
+from poprun_py.backends.mpirun import FailureReport, TagDemux, rank_results
+from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.session import LocalSession, RemoteSession, local_topologies
+from poprun_py.errors import Fault, PreflightError
+from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.supervise import Child, Feed
+
+if TYPE_CHECKING:
+    from poprun_py.agent.client import AgentPool
+    from poprun_py.core.topology import Topology
+    from poprun_py.prepare.job import Prepared
+    from poprun_py.process.signals import Control
+    from poprun_py.render.job import RenderArgs, RenderedJob
+
+HYDRA = "mpiexec.hydra"
+MPIEXEC_MISSING = "mpiexec.hydra not found on PATH; install MPICH (Debian: mpich)"
+LAUNCHER_OPTIONS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
+ADDRESS_OPTIONS = ("-localhost", "-iface")
+_FAILED = re.compile(r"poprun-py: rank exited with code (\d+)\s*\Z")
+
+
+def mpiexec_args(
+    user_args: Sequence[str],
+    *,
+    local_address: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """The user's mpiexec options plus, for a remote launch, the proxies' start through the
+    agents and the address they connect back to; the user's own choices win."""
+    import os
+
+    env = os.environ if environ is None else environ
+    extra: list[str] = []
+    chose_launcher = any(a in LAUNCHER_OPTIONS for a in user_args)
+    chose_launcher |= any(k.startswith(("HYDRA_LAUNCHER", "HYDRA_BOOTSTRAP")) for k in env)
+    if not chose_launcher:
+        extra += ["-launcher", "ssh", "-launcher-exec", exec_script_path()]
+    if local_address and not any(a in ADDRESS_OPTIONS for a in user_args):
+        extra += ["-localhost", local_address]
+    return (*user_args, *extra)
+
+
+class HydraReport(FailureReport):
+    """The first rank that reported its own non-zero exit (the wrapper's stderr line)."""
+
+    def rank_line(self, rank: int, line: str) -> bool:
+        """Look at one of a rank's stderr lines; True when it is that rank's failure report."""
+        match = _FAILED.search(line)
+        if match is None:
+            return False
+        if self.rank is None:
+            self.rank, self.exit_code = rank, int(match.group(1))
+        return True
+
+    def scan(self, line: str) -> None:
+        """Hydra's own lines name no rank reliably: nothing to learn from them."""
+
+
+class HydraDemux(TagDemux):
+    """Per-rank lines from hydra's ``[RANK]<poprun>:`` tags; a rank's failure report stops the
+    launch (every host's proxy and ranks, through the relay)."""
+
+    TAG = re.compile(rb"\[(\d+)\]<poprun>:")
+    PARTIAL_TAG = re.compile(rb"\[\d*(?:\](?:<[a-z]*>?)?)?\Z")
+
+    def __init__(self, output: Output, stream: str, report: HydraReport, relay: Relay):
+        super().__init__(output, stream, report)
+        self._hydra_report, self._relay = report, relay
+
+    def _emit(self, owner: tuple[int, str], text: bytes) -> None:
+        rank, stream = owner
+        if rank != LAUNCHER_INDEX and stream == "stderr":
+            first = self._hydra_report.rank is None
+            if self._hydra_report.rank_line(rank, text.decode("utf-8", "replace")):
+                if first:
+                    self._relay.stop_daemons()
+                return  # poprun-py reports it as the root cause
+        super()._emit(owner, text)
+
+
+def mpiexec_render_args(prep: Prepared) -> RenderArgs:
+    """Hydra's render arguments: the user's options, plus for a remote launch the proxies'
+    start through the agents and ``-localhost`` (this machine's address towards the first
+    host, as :func:`~poprun_py.backends.mpi.mpi_subnet` finds it). MPICH needs no flag as root."""
+    from poprun_py.render.job import RenderArgs
+
+    if prep.plan.cluster.all_local:
+        return RenderArgs(mpi_args=prep.mpi_args)
+    here = source_address(prep.plan.hosts[0].spec.target)
+    address = str(here) if here is not None else None
+    return RenderArgs(mpi_args=mpiexec_args(prep.mpi_args, local_address=address))
+
+
+class MpiexecBackend(Defaults):
+    """Runs ``job.launcher`` (an ``mpiexec.hydra`` argv) and maps its outcome onto every rank;
+    with ``agents`` and a launcher naming the shim, hydra's proxies start through them."""
+
+    name = "mpiexec"
+
+    def __init__(self, agents: AgentPool | None = None):
+        self.agents = agents
+
+    def render_args(self, prep: Prepared) -> RenderArgs:
+        """The proxies' start through the agents and the address they connect back to."""
+        return mpiexec_render_args(prep)
+
+    def known_topologies(self, prep: Prepared) -> Mapping[str, Topology | None]:
+        """This machine's topology when every host is this machine."""
+        return local_topologies(prep) if prep.plan.cluster.all_local else {}
+
+    def open(self, prep: Prepared, settings: RunSettings) -> Session:
+        """Hydra must be on PATH here (a preflight fault, exit 3, before any host is asked).
+        Remote: one agent per host, which runs preflight, stages the job's files and starts
+        hydra's proxy."""
+        check_hydra(HYDRA)
+        if prep.plan.cluster.all_local:
+            return LocalSession(self, tools=(HYDRA,))
+        return RemoteSession(prep, settings, MpiexecBackend, stages=True)
+
+    def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
+        """Write the job's files, run hydra under supervision, report every rank."""
+        return run_to_end(self, job, options)
+
+    def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LauncherRun:
+        """Write the job's files and start hydra (its proxies through the agents, if any)."""
+        env = job.launcher_env
+        if job.launcher:
+            check_hydra(job.launcher[0], env.get("PATH"))
+        hosts = prepare_launcher(job, env, "mpiexec", MPIEXEC_MISSING)
+        if "-launcher-exec" in job.launcher and exec_script_path() in job.launcher:
+            launcher_exec()
+        output = Output(options, hosts, launcher="mpiexec")
+        report = HydraReport()
+        with contextlib.ExitStack() as stack:
+            relay = stack.enter_context(relayed(self.agents, job, options.grace_period))
+
+            def demux(child: Child, stream: str) -> Feed:
+                return HydraDemux(output, stream, report, relay)
+
+            run = start_launcher(
+                job, {**env, **relay.environ}, output, options.grace_period, demux, control
+            )
+            return LauncherRun(
+                run, stack.pop_all(), lambda done: rank_results(done, hosts, report, relay.lost)
+            )
+        raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
+
+
+def check_hydra(name: str, path: str | None = None) -> None:
+    """PreflightError (exit 3, one line, nothing started) when ``name`` is not on PATH."""
+    if shutil.which(name, path=path) is None:
+        raise PreflightError([Fault("localhost", name, MPIEXEC_MISSING)])
