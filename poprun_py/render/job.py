@@ -6,8 +6,13 @@ text which is split into argv lists as :func:`shlex.split` would (by the faster
 :func:`poprun_py.core.shellwords.split`), so every value is quoted at exactly one place (the
 ``quote`` filter).
 
-- ``instance.j2`` renders once per instance: the numactl binding, then the program. The local
-  and ssh backends run these commands; launchers reuse them as ``inst.argv``.
+- ``instance.j2`` renders once per instance: the program. Its binding is data
+  (:attr:`InstanceCommand.binding`, from the plan's CPUs and NUMA nodes): the local backend and
+  the ssh backend's agents apply it themselves when they start the instance
+  (:mod:`poprun_py.process.binding`, no numactl). A template may bind with numactl instead
+  (``inst.numactl`` is the prefix, e.g. ``numactl --physcpubind=0-3 --membind=0``): a command
+  that starts with ``numactl`` carries no binding of its own. Launchers reuse the commands as
+  ``inst.argv``.
 - ``<launcher>.j2`` (:data:`LAUNCHER_TEMPLATES`: ``mpirun.j2``, ``mpiexec.j2``, ``srun.j2``)
   renders once per job into the launcher's argv. A ``{% call file("hostfile") %}...{% endcall %}``
   block inside it becomes a file of the job directory (:attr:`RenderedJob.files`).
@@ -57,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from poprun_py.core import env as instance_env
 from poprun_py.core import shellwords
-from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan
+from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan, binds
 from poprun_py.core.topology import Topology, format_cpulist
 from poprun_py.errors import PoprunError, RenderError, UnknownNameError
 
@@ -89,9 +94,22 @@ _NOT_A_WORD = re.compile(r"[\s#]")  # appfile/hostfile lines: whitespace splits,
 
 
 @dataclass(frozen=True)
+class Binding:
+    """The CPUs and NUMA nodes an instance is bound to: ``cpus``/``nodes`` as cpulists (for
+    templates), ``cpu_ids``/``node_ids`` as ids (for the backends); ``nodes`` is empty when no
+    memory binding applies."""
+
+    cpus: str
+    nodes: str
+    cpu_ids: tuple[int, ...] = ()
+    node_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class InstanceCommand:
-    """What one instance runs: its argv (binding prefix included), its environment, its cwd,
-    and the path and contents of its shard file."""
+    """What one instance runs: its argv, its environment, its cwd, the path and contents of its
+    shard file, and the binding the backend applies when it starts it (None: unbound, or bound
+    by the argv itself, e.g. a template's numactl prefix)."""
 
     index: int
     host: str
@@ -100,6 +118,7 @@ class InstanceCommand:
     cwd: str | None
     shard_file: str
     shard_text: str
+    binding: Binding | None = None
 
 
 @dataclass(frozen=True)
@@ -125,14 +144,6 @@ class RenderedJob:
 
 
 # ------------------------------------------------------------------ template context
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A numactl binding as cpulists; ``nodes`` is empty when no memory binding applies."""
-
-    cpus: str
-    nodes: str
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,8 @@ class InstanceContext:
     ``env`` is ``(name, value)`` pairs in order, ``value`` None for variables passed by name;
     ``exports`` the same as ``NAME=VALUE`` words (``NAME`` alone when passed by name); ``argv``
     is the rendered ``instance.j2`` command; ``launch_argv`` is what a launcher should run for
-    it (``argv``, or the binding prefix plus :data:`EXEC_ARGV`).
+    it (``argv``, or the binding prefix plus :data:`EXEC_ARGV`); ``numactl`` is the binding as
+    a numactl prefix (empty when unbound), for templates that want numactl to bind.
     """
 
     index: int
@@ -177,6 +189,17 @@ class InstanceContext:
     launch_argv: tuple[str, ...] = ()
     _values: Mapping[str, str] = field(default_factory=dict, repr=False)
     _by_name: frozenset[str] = frozenset()
+
+    @property
+    def numactl(self) -> tuple[str, ...]:
+        """``numactl --physcpubind=CPUS [--membind=NODES]``, or () when unbound (or when the
+        rendered ``argv`` already starts with numactl)."""
+        if self.binding is None or _binds_itself(self.argv):
+            return ()
+        words = ["numactl", f"--physcpubind={self.binding.cpus}"]
+        if self.binding.nodes:
+            words.append(f"--membind={self.binding.nodes}")
+        return tuple(words)
 
     @functools.cached_property
     def env(self) -> tuple[tuple[str, str | None], ...]:
@@ -261,7 +284,14 @@ def render_job(
     argvs = _render_instances(jenv, base, contexts)
     commands = tuple(
         InstanceCommand(
-            c.index, c.host.name, argv, env, c.cwd, c.shard_file, instance_env.shard_text(c.plan)
+            c.index,
+            c.host.name,
+            argv,
+            env,
+            c.cwd,
+            c.shard_file,
+            instance_env.shard_text(c.plan),
+            None if _binds_itself(argv) else c.binding,
         )
         for c, argv, env in zip(contexts, argvs, envs, strict=True)
     )
@@ -324,10 +354,17 @@ def job_dict(job: RenderedJob, masked: bool = True) -> dict[str, Any]:
                 "cwd": cmd.cwd,
                 "shard_file": cmd.shard_file,
                 "shard": list(job.plan.instances[cmd.index].shard.files),
+                "binding": _binding_dict(cmd.binding),
             }
             for cmd in job.instances
         ],
     }
+
+
+def _binding_dict(binding: Binding | None) -> dict[str, list[int]] | None:
+    if binding is None:
+        return None
+    return {"cpus": list(binding.cpu_ids), "numa_nodes": list(binding.node_ids)}
 
 
 def render_template(
@@ -556,11 +593,19 @@ def _instance_contexts(
     return contexts, envs
 
 
+def _binds_itself(argv: Sequence[str]) -> bool:
+    """True when a command binds itself (a template's numactl prefix)."""
+    return bool(argv) and posixpath.basename(argv[0]) == "numactl"
+
+
 class _Binder:
-    """numactl bindings, restricted to the CPUs and NUMA nodes the real machine has."""
+    """Bindings, restricted to the CPUs and NUMA nodes the real machine has; None where the
+    plan does not bind (:func:`poprun_py.core.plan.binds`) or nothing of it exists there, or
+    where it would hold every CPU and NUMA node of the real machine (a binding that changes
+    nothing)."""
 
     def __init__(self, plan: LaunchPlan, available: Mapping[str, Topology | None]):
-        self.enabled = plan.numa_aware
+        self.plan, self.enabled = plan, plan.numa_aware
         self.real: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
         for name, topo in available.items():
             if topo is not None:
@@ -568,7 +613,7 @@ class _Binder:
         self.cache: dict[tuple[str, tuple[int, ...], tuple[int, ...]], Binding | None] = {}
 
     def __call__(self, inst: InstancePlan) -> Binding | None:
-        if not self.enabled or not inst.cpus:
+        if not self.enabled or not binds(self.plan, inst):
             return None
         host = inst.host if inst.host in self.real else ""
         key = (host, inst.cpus, inst.numa_nodes)
@@ -581,9 +626,11 @@ class _Binder:
             have_cpus, have_nodes = self.real[host]
             cpus = tuple(c for c in cpus if c in have_cpus)
             nodes = tuple(n for n in nodes if n in have_nodes)
+            if set(cpus) == have_cpus and set(nodes) in (set(), have_nodes):
+                return None  # every CPU and node of the machine: binding changes nothing
         if not cpus:
             return None
-        return Binding(format_cpulist(cpus), format_cpulist(nodes))
+        return Binding(format_cpulist(cpus), format_cpulist(nodes), cpus, nodes)
 
 
 def _base_context(
@@ -745,7 +792,11 @@ def _format_launcher(argv: tuple[str, ...]) -> str:
 
 def _instance_header(cmd: InstanceCommand) -> str:
     files = cmd.shard_text.count("\n")
-    return f"# instance {cmd.index} on {cmd.host}: shard {cmd.shard_file} ({files} file(s))"
+    text = f"# instance {cmd.index} on {cmd.host}: shard {cmd.shard_file} ({files} file(s))"
+    if cmd.binding is not None:
+        nodes = f", memory on NUMA nodes {cmd.binding.nodes}" if cmd.binding.nodes else ""
+        text += f"; bound to CPUs {cmd.binding.cpus}{nodes}"
+    return text
 
 
 def _format_instance(cmd: InstanceCommand, secrets: frozenset[str]) -> str:
