@@ -27,16 +27,15 @@ from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import RenderError, UnknownNameError
 from poprun_py.providers.netns import TestCluster
+from poprun_py.render.binding import Binding
+from poprun_py.render.display import format_job, job_dict
 from poprun_py.render.job import (
     ARGV_LIMIT,
     EXEC_ARGV,
     EXEC_VAR,
     LAUNCHER_TEMPLATES,
-    Binding,
     InstanceCommand,
     RenderedJob,
-    format_job,
-    job_dict,
     list_templates,
     render_job,
     render_template,
