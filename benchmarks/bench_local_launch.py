@@ -4,6 +4,8 @@ Each round, in turn:
 
 - ``LocalBackend().run`` on a rendered 16-instance job of ``true``: write the shard files,
   start, supervise, reap, sweep; measured in-process, without Python's own start-up;
+- the same job with every instance bound (a declared topology of two NUMA nodes, CPU 0 and
+  CPU 1, so each instance is bound to one CPU and its node's memory);
 - the same 16 children through ``supervise(..., new_session=True)``: what the backend does when
   poprun-py runs on a terminal (a ``setsid`` per child; without a terminal, as here and in CI,
   each child only gets a process group of its own);
@@ -36,6 +38,8 @@ from poprun_py.backends.result import RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.core.topology import NumaNode, Topology
+from poprun_py.prepare.discover import discover_local
 from poprun_py.process.output import Output
 from poprun_py.process.proctree import has_controlling_tty
 from poprun_py.process.supervise import Child, supervise
@@ -51,6 +55,14 @@ def rendered_job(job_dir: str) -> RenderedJob:
     return render_job(plan, "local", job_dir=job_dir)
 
 
+def bound_job(job_dir: str) -> RenderedJob:
+    """The same, each instance bound to one CPU (0 or 1) and one NUMA node (this machine's)."""
+    nodes = (NumaNode(0, (0,)), NumaNode(1, (1,)))
+    cluster = cluster_from_hosts(parse_hosts("localhost"), simulated=True, topology=Topology(nodes))
+    plan = make_plan(cluster, JobSpec(("true",), replicas=INSTANCES, instances=INSTANCES))
+    return render_job(plan, "local", job_dir=job_dir, available={"localhost": discover_local()})
+
+
 def timed(action: Callable[[], object]) -> float:
     """Seconds ``action`` takes."""
     start = time.perf_counter()
@@ -64,9 +76,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     job = rendered_job(tempfile.mkdtemp(prefix="bench-local-"))
+    bound = bound_job(tempfile.mkdtemp(prefix="bench-local-"))
     backend, options = LocalBackend(), RunOptions()
 
-    def local() -> None:
+    def local(job: RenderedJob = job) -> None:
         if not backend.run(job, options).ok:
             raise SystemExit("the local backend failed")
 
@@ -82,6 +95,7 @@ def main() -> None:
     }
     actions: dict[str, Callable[[], object]] = {
         "LocalBackend, 16 x true": local,
+        "same, each bound": lambda: local(bound),
         "same, a session each": with_sessions,
     }
     for name, script in loops.items():

@@ -22,7 +22,8 @@ from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import uniform
-from poprun_py.render.job import ARGV_LIMIT, ARGV_MAX, format_job, render_job
+from poprun_py.render.display import format_job
+from poprun_py.render.job import ARGV_LIMIT, ARGV_MAX, render_job
 
 PER_HOST = 8
 JOB_DIR = "/tmp/poprun-job"

@@ -130,9 +130,22 @@ class AgentPool:
 def agent_payload() -> tuple[list[str], bytes]:
     """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
     is by a host whose Python has this bytecode magic) and its source (compiled there if not)."""
-    source = Path(remote_agent.__file__).read_bytes()
+    source = inline_binding(Path(remote_agent.__file__).read_bytes())
     code = marshal.dumps(compile(source, "poprun-agent", "exec"))
     return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
+
+
+def inline_binding(agent: bytes) -> bytes:
+    """The agent's source with its import of :mod:`poprun_py.process.binding` replaced by that
+    module's code (the host has no poprun_py): one source of truth for the binding syscalls."""
+    from poprun_py.process import binding
+
+    body = Path(binding.__file__).read_bytes().replace(b"from __future__ import annotations\n", b"")
+    line = b"from poprun_py.process.binding import bound"
+    head, found, tail = agent.partition(line)
+    if not found:
+        raise RuntimeError("poprun_py/agent/host.py no longer imports poprun_py.process.binding")
+    return head + body + tail.partition(b"\n")[2]
 
 
 class AgentConnection:
@@ -304,7 +317,8 @@ def agent_header(
     run_id: str, host: str, timing: Timing, instances: list[dict[str, Any]], files: list[Any]
 ) -> dict[str, Any]:
     """An agent's job: its run id (per host: test hosts share one /proc), timings, files to
-    write and instances (``index``, ``argv``, ``env``, ``cwd``) to start."""
+    write and instances (``index``, ``argv``, ``env``, ``cwd``; ``cpus``/``mems`` when bound)
+    to start."""
     return {
         "run_id": f"{run_id}-{host}",
         "grace": timing.grace,

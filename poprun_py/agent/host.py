@@ -10,20 +10,23 @@ of the job, then control lines. It uses the standard library only and runs on an
 on Linux.
 
 What it does, with the local backend's rules: writes the job's files (mode 0600); starts every
-instance in its own session, so its process group can be signalled as a whole, with the
-instance environment (which therefore never appears in any argv); forwards each output line
-tagged with the instance index; reports each exit at once. When every instance has ended it
-stops what they left behind (their process groups and sessions, and anything carrying this
-run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the grace period. On ``term`` it stops
-everything the same way. When poprun-py is gone -- stdin closed, a write to the channel failed,
-or no heartbeat for ``liveness`` seconds (the host was cut off) -- it does so on its own.
+instance in its own session, so its process group can be signalled as a whole, bound to its CPUs
+and NUMA nodes when the plan binds it (:mod:`poprun_py.process.binding`, inlined into the
+agent's source: no numactl needed), with the instance environment (which therefore never appears
+in any argv); forwards each output line tagged with the instance index; reports each exit at
+once. When every instance has ended it stops what they left behind (their process groups and
+sessions, and anything carrying this run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the
+grace period. On ``term`` it stops everything the same way. When poprun-py is gone -- stdin
+closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
+cut off) -- it does so on its own.
 
 Protocol, one record a line. stdin (poprun-py to agent): first any number of requests, each
 answered ``R {json}`` before the next is read: ``run {json}`` (preflight checks: ``argv``,
 ``timeout``, ``env``, ``cwd``, ``stdin``; answered with ``code``, ``stdout``, ``stderr``,
 ``timeout``) and ``put {json}`` (``files``: ``path``/``text`` objects written mode 0600, as the
 mpirun backend stages a job; answered with ``error``, '' when all went well); then
-``job {json}`` (files, instances, timings); then ``h`` (heartbeat), ``term`` (SIGTERM now,
+``job {json}`` (files, instances -- ``index``, ``argv``, ``env``, ``cwd``, and ``cpus``/``mems``
+when bound -- and timings); then ``h`` (heartbeat), ``term`` (SIGTERM now,
 SIGKILL after grace), ``kill`` (SIGKILL now). Records about the job (stdout)::
 
     h              heartbeat, after ``heartbeat`` seconds without any other record
@@ -54,6 +57,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
 if TYPE_CHECKING:
@@ -156,10 +161,13 @@ class Agent:
         return write_files(self.header.get("files", []))
 
     def spawn(self, spec: dict[str, Any]) -> None:
-        """Start one instance in its own session, with its environment over the agent's."""
+        """Start one instance in its own session, with its environment over the agent's, bound
+        to its ``cpus`` and its memory to NUMA nodes ``mems`` when given (the agent binds itself
+        around the start; the instance inherits the binding)."""
         env = {**(spec.get("env") or {}), RUN_ID_VAR: self.token.decode().partition("=")[2]}
         try:
-            proc = popen_in_session(spec["argv"], env, spec.get("cwd"), subprocess.DEVNULL)
+            with bound(spec.get("cpus") or (), spec.get("mems") or ()):
+                proc = popen_in_session(spec["argv"], env, spec.get("cwd"), subprocess.DEVNULL)
         except OSError as exc:
             what = str(spec["argv"][0] if exc.filename is None else exc.filename)
             why = f"cannot start {what!r}: {exc.strerror or exc}"

@@ -1,8 +1,11 @@
 """The local backend: every instance is a process on this machine (simulated hosts included).
 
-Each rendered :class:`~poprun_py.render.job.InstanceCommand` is started as it is -- its argv
-already carries the ``numactl`` binding prefix when the plan binds CPUs -- with
-``os.environ`` plus the instance environment, and supervised by :mod:`poprun_py.process.supervise`.
+Each rendered :class:`~poprun_py.render.job.InstanceCommand` is started as it is, with
+``os.environ`` plus the instance environment, bound to its CPUs and NUMA nodes when the plan
+binds it (:attr:`InstanceCommand.binding`: the spawner sets the CPU affinity and memory policy
+itself, :mod:`poprun_py.process.binding`; numactl is not needed), and supervised by
+:mod:`poprun_py.process.supervise`. A command a user's template starts with ``numactl`` needs
+numactl: if it is missing, that is a preflight fault (exit 3) and nothing starts.
 
 Example:
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from poprun_py.core.topology import Topology
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
-    from poprun_py.render.job import RenderedJob
+    from poprun_py.render.job import InstanceCommand, RenderedJob
 
 
 class LocalBackend(Defaults):
@@ -59,7 +62,7 @@ class LocalBackend(Defaults):
         """Write the job's files and start every instance."""
         check_numactl(job)
         write_job_files(job)
-        children = [Child(cmd.index, cmd.host, cmd.argv, cmd.env, cmd.cwd) for cmd in job.instances]
+        children = [child(cmd) for cmd in job.instances]
         output = Output(options, {cmd.index: cmd.host for cmd in job.instances})
         run = Supervision(output, options.grace_period, None, None, control)
         run.start(children)
@@ -75,3 +78,10 @@ class LocalRun:
     def wait(self) -> LaunchResult:
         """Supervise every instance to the end."""
         return self.run.wait().launch_result()
+
+
+def child(cmd: InstanceCommand) -> Child:
+    """The process to start for ``cmd``, with its binding."""
+    bind = cmd.binding
+    cpus, mems = (bind.cpu_ids, bind.node_ids) if bind is not None else ((), ())
+    return Child(cmd.index, cmd.host, cmd.argv, cmd.env, cmd.cwd, cpus=cpus, mems=mems)

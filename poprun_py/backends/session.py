@@ -33,6 +33,7 @@ from poprun_py.errors import Fault, PreflightError
 if TYPE_CHECKING:
     from poprun_py.agent.client import AgentPool
     from poprun_py.core.topology import Topology
+    from poprun_py.launch.preflight import PreflightReport
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
@@ -112,6 +113,9 @@ def check_numactl(job: RenderedJob) -> None:
             if shutil.which(cmd.argv[0], path=path) is None:
                 raise PreflightError([Fault("localhost", "numactl", NUMACTL_MISSING)])
             return
+    launcher = (*job.launcher, *job.files.get("appfile", "").split())  # ranks under numactl
+    if "numactl" in launcher and shutil.which("numactl") is None:
+        raise PreflightError([Fault("localhost", "numactl", NUMACTL_MISSING)])
 
 
 class RemoteSession:
@@ -139,6 +143,7 @@ class RemoteSession:
         self.runner_for, self.stages = runner_for, stages
         self.backend = prep.backend
         self.templates = prep.templates
+        self.report: PreflightReport | None = None
 
     def preflight(self, prep: Prepared) -> Checked:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
@@ -146,6 +151,7 @@ class RemoteSession:
 
         self._warm_up_renderer()  # while preflight waits for the hosts
         report = preflight(self.agents, prep.plan)
+        self.report = report
         return Checked(with_topologies(prep, report.topologies), report.topologies)
 
     def sync(self, paths: Sequence[str]) -> None:
@@ -155,7 +161,12 @@ class RemoteSession:
         sync(self.pool, list(paths))
 
     def stage(self, job: RenderedJob) -> None:
-        """Write the shard files and job files on every host, through the agents."""
+        """Write the shard files and job files on every host, through the agents (once numactl
+        is known to be there for the commands that use it)."""
+        from poprun_py.launch.preflight import check_numactl as check_remote_numactl
+
+        if self.report is not None:
+            check_remote_numactl(job, self.report)
         if self.stages:
             from poprun_py.agent.client import stage_job
 

@@ -60,7 +60,7 @@ from poprun_py.process.signals import Control
 if TYPE_CHECKING:
     from poprun_py.backends.session import RemoteSession
     from poprun_py.prepare.job import Prepared
-    from poprun_py.render.job import RenderedJob
+    from poprun_py.render.job import InstanceCommand, RenderedJob
     from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 
@@ -133,11 +133,18 @@ def _default_settings() -> SshSettings:
 def _host_header(job: RenderedJob, host: str, run_id: str, timing: Timing) -> dict[str, Any]:
     """The agent's job on ``host``: files to write and instances to start (pure)."""
     instances = [
-        {"index": c.index, "argv": list(c.argv), "env": dict(c.env), "cwd": c.cwd}
+        {"index": c.index, "argv": list(c.argv), "env": dict(c.env), "cwd": c.cwd, **_bind(c)}
         for c in job.instances
         if c.host == host
     ]
     return agent_header(run_id, host, timing, instances, host_files(job, host))
+
+
+def _bind(cmd: InstanceCommand) -> dict[str, list[int]]:
+    """``cpus``/``mems`` for the agent to bind the instance to (nothing when unbound)."""
+    if cmd.binding is None:
+        return {}
+    return {"cpus": list(cmd.binding.cpu_ids), "mems": list(cmd.binding.node_ids)}
 
 
 class SshRun:

@@ -152,7 +152,7 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
 def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
     from poprun_py.backends import get_backend
     from poprun_py.launch import launcher
-    from poprun_py.render.job import format_job, job_dict
+    from poprun_py.render.display import format_job, job_dict
 
     if not with_plan and fmt == "table":
         script = get_backend(prep.backend).batch_script(prep, launch_argv(prep.options, output_dir))

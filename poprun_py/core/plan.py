@@ -7,7 +7,9 @@ Rules (PopRun's, plus poprun-py's own checks):
 - ``--instances`` defaults to the cluster's default, else the sum of hostfile slots, else one
   instance per host; ``--replicas`` defaults to the cluster's default, else one per instance;
 - with NUMA awareness a host's NUMA nodes are divided evenly among its instances (PopRun's
-  ``spreadnuma``); instances sharing a node split its CPUs;
+  ``spreadnuma``); instances sharing a node split its CPUs; an instance that would hold every
+  CPU of its host (one NUMA node holding them all, or one instance a host) is not bound
+  (:func:`binds`): the binding would change nothing, and the plan's notes say so;
 - each instance takes ``local replicas x devices per replica`` devices from its host, in order;
 - ``--group-size G`` makes replica groups of G consecutive replicas, kept within a host when the
   host's replica count is a multiple of G (the plan says so when it is not).
@@ -145,6 +147,7 @@ def make_plan(
         notes.append(_cross_note(job.group_size or 1, per_host * per_instance))
     if not job.numa_aware:
         notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
+    notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
     return LaunchPlan(
         cluster=cluster,
         program=job.program,
@@ -267,6 +270,35 @@ def _numa_split(topo: Topology, count: int) -> list[tuple[tuple[int, ...], tuple
     return result
 
 
+UNBOUND_NOTE = "binding would change nothing"
+
+
+def binds(plan: LaunchPlan, inst: InstancePlan) -> bool:
+    """True when the plan binds ``inst``: NUMA-aware, and its CPUs are not every CPU of its
+    host's topology (then a binding would change nothing, and none is made)."""
+    if not plan.numa_aware or not inst.cpus:
+        return False
+    return not _holds_every_cpu(plan.hosts[inst.host_index], inst.cpus)
+
+
+def _holds_every_cpu(hp: HostPlan, cpus: tuple[int, ...]) -> bool:
+    return hp.topology is not None and set(cpus) >= set(hp.topology.cpus)
+
+
+def _unbound_notes(hosts: Sequence[HostPlan], instances: Sequence[InstancePlan]) -> list[str]:
+    """One note for the hosts whose instances are left unbound: they would hold every CPU."""
+    unbound = {
+        i.host_index for i in instances if i.cpus and _holds_every_cpu(hosts[i.host_index], i.cpus)
+    }
+    whole = [hp for hp in hosts if hp.index in unbound]
+    if not whole:
+        return []
+    names = ", ".join(hp.name for hp in whole[:3]) + (f" (+{len(whole) - 3})" * (len(whole) > 3))
+    one_node = all(hp.topology is not None and len(hp.topology.numa_nodes) == 1 for hp in whole)
+    why = "one NUMA node holds every CPU" if one_node else "an instance holds every CPU"
+    return [f"{UNBOUND_NOTE} on {names} ({why}): those instances are not bound"]
+
+
 def _groups(offset: int, count: int, size: int | None) -> tuple[int, ...]:
     if size is None:
         return ()
@@ -326,5 +358,6 @@ def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None
             replace(new, shard=old.shard)
             for new, old in zip(fresh.instances, plan.instances, strict=True)
         ),
-        notes=tuple(n for n in plan.notes if "assumed" not in n),
+        notes=tuple(n for n in plan.notes if "assumed" not in n and UNBOUND_NOTE not in n)
+        + tuple(n for n in fresh.notes if UNBOUND_NOTE in n),
     )

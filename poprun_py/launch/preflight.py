@@ -2,12 +2,14 @@
 
 Per host, over the pool's one connection and in one round trip (a fixed ``sh`` script whose
 inputs are passed as quoted arguments): the working directory exists; the interpreter and the
-program are found; the program's script file exists; ``numactl`` exists where instances are
-bound; the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names, else
-``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`. On the launching machine, in
-parallel with those: how long each host name takes to resolve (a name that resolves slowly or not
-at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and host-key mismatches
-come from :meth:`ConnectionPool.connect_all` and join the same list.
+program are found; the program's script file exists; whether ``numactl`` exists where instances
+are bound (a fault only for commands that use it: :func:`check_numactl` after rendering, since
+poprun-py binds instances itself and needs numactl only where a template asks for it, e.g.
+mpiexec's ranks); the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names,
+else ``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`. On the launching
+machine, in parallel with those: how long each host name takes to resolve (a name that resolves
+slowly or not at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and
+host-key mismatches come from :meth:`ConnectionPool.connect_all` and join the same list.
 
 Warnings (a slow or unresolvable host name, a topology that could not be discovered) are in
 :attr:`PreflightReport.warnings` and are also logged, one record each, to the
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.spec import HostSpec
+    from poprun_py.render.job import RenderedJob
     from poprun_py.ssh.transport import RemoteResult, SshSettings
 
 T = TypeVar("T")
@@ -134,6 +137,7 @@ class HostReport:
     topology_source: str = ""
     resolve_seconds: float | None = None
     check_seconds: float = 0.0
+    numactl: bool | None = None  # whether numactl is on PATH (None: not looked for)
 
 
 @dataclass(frozen=True)
@@ -212,12 +216,34 @@ def parse_check_output(host: str, checks: Checks, text: str) -> tuple[list[Fault
     for i, name in enumerate(checks.files):
         if ("file", str(i)) in missing and not (no_wd and _relative_path(name)):
             faults.append(Fault(host, "program", f"{name}: no such file{where}"))
-    if ("numactl", "0") in missing:
-        detail = "numactl not found (NUMA binding needs it; install it or use --no-numa-aware)"
-        faults.append(Fault(host, "numactl", detail))
+    numactl = None
+    if host in checks.numactl_hosts:
+        numactl = ("numactl", "0") not in missing
     source, _, body = topo_text.partition("\n")
     source = source.strip()
-    return faults, HostReport(host, _parse_topology(source, body), source)
+    return faults, HostReport(host, _parse_topology(source, body), source, numactl=numactl)
+
+
+NUMACTL_MISSING = "numactl not found (the rendered command binds with numactl; install it)"
+
+
+def check_numactl(job: RenderedJob, report: PreflightReport) -> None:
+    """PreflightError (exit 3, nothing started) naming every host where a rendered command
+    runs numactl (a template's numactl prefix) and preflight found no numactl."""
+    missing = {h.host for h in report.hosts if h.numactl is False}
+    if not missing:
+        return
+    launcher = any("numactl" in a for a in job.launcher) or any(
+        "numactl" in text for text in job.files.values()
+    )
+    needs = {
+        c.host
+        for c in job.instances
+        if posixpath.basename(c.argv[0]) == "numactl" or (launcher and c.binding is not None)
+    }
+    hosts = [h.host for h in report.hosts if h.host in needs & missing]
+    if hosts:
+        raise PreflightError([Fault(h, "numactl", NUMACTL_MISSING) for h in hosts])
 
 
 def _relative_path(name: str) -> bool:

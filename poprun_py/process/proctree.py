@@ -3,7 +3,9 @@
 - :class:`Spawner` starts a process from an argv list in a process group of its own (and a
   session of its own when there is a terminal to keep it from), stdin closed, stdout/stderr
   piped: with ``posix_spawn`` (no Python runs between fork and exec, and the
-  environment is encoded in C), or ``Popen`` when a working directory is needed.
+  environment is encoded in C), or ``Popen`` when a working directory is needed; bound to
+  CPUs and NUMA nodes when asked, without numactl (:mod:`poprun_py.process.binding`: the
+  spawning thread binds itself around the spawn, and the child inherits the binding).
 - :func:`subreaper` makes this process a child subreaper, so orphans of its descendants are
   re-parented to it rather than to init; :func:`no_children` then proves, with one syscall,
   that nothing is left.
@@ -33,6 +35,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
+
+from poprun_py.process.binding import bound
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -93,10 +97,24 @@ class Spawner:
         self.exe: dict[tuple[str, str | None], str | None] = {}
         self.fast = hasattr(os, "posix_spawn")
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> Launched:
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None,
+        cpus: Sequence[int] = (),
+        mems: Sequence[int] = (),
+    ) -> Launched:
         """Start ``argv`` with ``os.environ + env`` (+ the extra env), stdin closed,
-        stdout/stderr piped, in a process group (and maybe session) of its own. OSError when it
-        cannot be started."""
+        stdout/stderr piped, in a process group (and maybe session) of its own, bound to
+        ``cpus`` and its memory to NUMA nodes ``mems`` when given. OSError when it cannot be
+        started (or bound)."""
+        if cpus or mems:
+            with bound(cpus, mems):  # this thread's binding, inherited by the child
+                return self._start(argv, env, cwd)
+        return self._start(argv, env, cwd)
+
+    def _start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> Launched:
         env = {**self.env, **env, **self.extra}
         exe = self._resolve(argv[0], env.get("PATH"))
         if cwd is not None or not self.fast or exe is None:

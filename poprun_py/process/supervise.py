@@ -86,6 +86,8 @@ class Child:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     signal_group: bool = True
+    cpus: tuple[int, ...] = ()  # bound to these CPUs, and its memory to NUMA nodes ``mems``
+    mems: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,8 @@ class Supervision:
         if self.control.stopping or self.stop_at is not None or self.start_failed:
             return child, None, now
         try:
-            return child, self.spawner.start(child.argv, child.env, child.cwd), now
+            launched = self.spawner.start(child.argv, child.env, child.cwd, child.cpus, child.mems)
+            return child, launched, now
         except OSError as err:
             self.start_failed = True
             return child, err, now

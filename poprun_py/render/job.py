@@ -6,8 +6,9 @@ text which is split into argv lists as :func:`shlex.split` would (by the faster
 :func:`poprun_py.core.shellwords.split`), so every value is quoted at exactly one place (the
 ``quote`` filter).
 
-- ``instance.j2`` renders once per instance: the numactl binding, then the program. The local
-  and ssh backends run these commands; launchers reuse them as ``inst.argv``.
+- ``instance.j2`` renders once per instance: the program; its binding is data
+  (:mod:`poprun_py.render.binding`) that the local and ssh backends apply themselves, unless
+  the template binds with numactl (``inst.numactl``). Launchers reuse it as ``inst.argv``.
 - ``<launcher>.j2`` (:data:`LAUNCHER_TEMPLATES`: ``mpirun.j2``, ``mpiexec.j2``, ``srun.j2``)
   renders once per job into the launcher's argv. A ``{% call file("hostfile") %}...{% endcall %}``
   block inside it becomes a file of the job directory (:attr:`RenderedJob.files`).
@@ -19,10 +20,8 @@ machines as launchers name them, with their slots), ``instances`` (:class:`Insta
 ``secrets``, ``mpi_args``, ``mpi_subnet``, ``as_root`` and ``appfile``: true when the
 per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a template
 should move it into a file; then the values and program words that cannot be one word of such
-a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: ``quote`` (one
-shell word), ``quoted`` (a list of them, optionally each after a flag), ``word``/``words`` (the
-same for whitespace-separated files such as a hostfile or an Open MPI appfile: unchanged, or a
-RenderError), ``cpulist``.
+a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: those of
+:mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``) and ``cpulist``.
 
 The context offers no secret value: in ``inst.env`` a ``None`` value means "pass this variable
 by name"; its value is in :attr:`RenderedJob.launcher_env`.
@@ -48,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import posixpath
-import re
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +58,16 @@ from poprun_py.core import shellwords
 from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan
 from poprun_py.core.topology import Topology, format_cpulist
 from poprun_py.errors import PoprunError, RenderError, UnknownNameError
+from poprun_py.render.binding import Binder, Binding, binds_itself
+from poprun_py.render.filters import (
+    NOT_A_WORD,
+    carriable,
+    carriable_value,
+    quote,
+    quoted,
+    word,
+    words,
+)
 
 if TYPE_CHECKING:
     import jinja2
@@ -85,13 +93,12 @@ EXEC_ARGV = ("/bin/sh", "-c", 'eval${IFS}"$POPRUN_EXEC"')
 (an Open MPI appfile splits on whitespace and has no quoting; ``:`` separates app contexts).
 The script contains no whitespace: the unquoted ``${IFS}`` expands to the word separator."""
 
-_NOT_A_WORD = re.compile(r"[\s#]")  # appfile/hostfile lines: whitespace splits, '#' comments
-
 
 @dataclass(frozen=True)
 class InstanceCommand:
-    """What one instance runs: its argv (binding prefix included), its environment, its cwd,
-    and the path and contents of its shard file."""
+    """What one instance runs: its argv, its environment, its cwd, the path and contents of its
+    shard file, and the binding the backend applies when it starts it (None: unbound, or bound
+    by the argv itself, e.g. a template's numactl prefix)."""
 
     index: int
     host: str
@@ -100,6 +107,7 @@ class InstanceCommand:
     cwd: str | None
     shard_file: str
     shard_text: str
+    binding: Binding | None = None
 
 
 @dataclass(frozen=True)
@@ -125,14 +133,6 @@ class RenderedJob:
 
 
 # ------------------------------------------------------------------ template context
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A numactl binding as cpulists; ``nodes`` is empty when no memory binding applies."""
-
-    cpus: str
-    nodes: str
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,8 @@ class InstanceContext:
     ``env`` is ``(name, value)`` pairs in order, ``value`` None for variables passed by name;
     ``exports`` the same as ``NAME=VALUE`` words (``NAME`` alone when passed by name); ``argv``
     is the rendered ``instance.j2`` command; ``launch_argv`` is what a launcher should run for
-    it (``argv``, or the binding prefix plus :data:`EXEC_ARGV`).
+    it (``argv``, or the binding prefix plus :data:`EXEC_ARGV`); ``numactl`` is the binding as
+    a numactl prefix (empty when unbound), for templates that want numactl to bind.
     """
 
     index: int
@@ -177,6 +178,17 @@ class InstanceContext:
     launch_argv: tuple[str, ...] = ()
     _values: Mapping[str, str] = field(default_factory=dict, repr=False)
     _by_name: frozenset[str] = frozenset()
+
+    @property
+    def numactl(self) -> tuple[str, ...]:
+        """``numactl --physcpubind=CPUS [--membind=NODES]``, or () when unbound (or when the
+        rendered ``argv`` already starts with numactl)."""
+        if self.binding is None or binds_itself(self.argv):
+            return ()
+        words = ["numactl", f"--physcpubind={self.binding.cpus}"]
+        if self.binding.nodes:
+            words.append(f"--membind={self.binding.nodes}")
+        return tuple(words)
 
     @functools.cached_property
     def env(self) -> tuple[tuple[str, str | None], ...]:
@@ -261,7 +273,14 @@ def render_job(
     argvs = _render_instances(jenv, base, contexts)
     commands = tuple(
         InstanceCommand(
-            c.index, c.host.name, argv, env, c.cwd, c.shard_file, instance_env.shard_text(c.plan)
+            c.index,
+            c.host.name,
+            argv,
+            env,
+            c.cwd,
+            c.shard_file,
+            instance_env.shard_text(c.plan),
+            None if binds_itself(argv) else c.binding,
         )
         for c, argv, env in zip(contexts, argvs, envs, strict=True)
     )
@@ -282,110 +301,11 @@ def list_templates(templates_dir: Path | None = None) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def format_job(job: RenderedJob, masked: bool = True) -> str:
-    """A RenderedJob as text for ``render`` and ``--dry-run``: shell-quoted lines (shlex.join),
-    the launcher one app context a line, each instance as an ``env ... argv`` line.
-
-    With ``masked`` every secret value is replaced by :data:`poprun_py.core.env.MASK`.
-    """
-    secrets = job.secrets if masked else frozenset()
-    hosts = len(job.plan.hosts)
-    lines = [f"# {job.backend}: {len(job.instances)} instance(s) on {hosts} host(s)"]
-    lines.append(f"# job dir: {job.job_dir}")
-    if job.launcher:
-        lines += ["# launcher", _format_launcher(job.launcher)]
-    if job.launcher_env:
-        lines.append("# launcher environment")
-        lines += [shlex.quote(f"{k}={v}") for k, v in _masked(job.launcher_env, secrets).items()]
-    for name, text in job.files.items():
-        lines += [f"# file {posixpath.join(job.job_dir, name)}", text.rstrip("\n")]
-    for cmd in job.instances:
-        lines += [_instance_header(cmd), _format_instance(cmd, secrets)]
-    return _scrubber(job, secrets)("\n".join(lines) + "\n")
-
-
-def job_dict(job: RenderedJob, masked: bool = True) -> dict[str, Any]:
-    """A RenderedJob as JSON-ready data (``render --format json``), secrets masked."""
-    secrets = job.secrets if masked else frozenset()
-    scrub = _scrubber(job, secrets)
-    return {
-        "backend": job.backend,
-        "job_dir": job.job_dir,
-        "launcher": [scrub(a) for a in job.launcher],
-        "launcher_env": _masked(job.launcher_env, secrets),
-        "files": {name: scrub(text) for name, text in job.files.items()},
-        "secrets": sorted(job.secrets),
-        "instances": [
-            {
-                "index": cmd.index,
-                "host": cmd.host,
-                "argv": [scrub(a) for a in cmd.argv],
-                "env": _masked(cmd.env, secrets),
-                "cwd": cmd.cwd,
-                "shard_file": cmd.shard_file,
-                "shard": list(job.plan.instances[cmd.index].shard.files),
-            }
-            for cmd in job.instances
-        ],
-    }
-
-
 def render_template(
     name: str, context: Mapping[str, Any], templates_dir: Path | None = None
 ) -> str:
     """Render any template (e.g. ``sbatch.j2``) with ``context`` and the filters above."""
     return _render_text(_environment(templates_dir), name, context)
-
-
-# ------------------------------------------------------------------ filters
-
-
-def quote(value: object) -> str:
-    """The ``quote`` filter: one shell word (shlex.quote); a NUL byte is a RenderError."""
-    text = str(value)
-    if "\0" in text:
-        raise RenderError(f"value {text!r} contains a NUL byte")
-    return shlex.quote(text)
-
-
-def word(value: object) -> str:
-    """The ``word`` filter: ``value`` unchanged if it is one token of a whitespace-separated
-    file (hostfile, Open MPI appfile), else RenderError."""
-    text = value if isinstance(value, str) else str(value)
-    if not _is_word(text):
-        raise RenderError(f"{text!r} cannot be one word of a hostfile or appfile")
-    return text
-
-
-def quoted(values: Iterable[object], flag: str | None = None) -> str:
-    """The ``quoted`` filter: every value as a shell word, each after ``flag`` when given
-    (``env | quoted('-x')`` gives ``-x 'A=1' -x B``)."""
-    lead = f"{flag} " if flag else ""
-    return " ".join(lead + quote(v) for v in values)
-
-
-def words(values: Iterable[object], flag: str | None = None) -> str:
-    """The ``words`` filter: ``quoted`` for whitespace-separated files (every value a ``word``)."""
-    texts = [v if isinstance(v, str) else str(v) for v in values]
-    if _NOT_A_WORD.search("\0".join(texts)) or "" in texts or ":" in texts:
-        for text in texts:
-            word(text)
-    lead = f"{flag} " if flag else ""
-    return lead + f" {lead}".join(texts) if texts else ""
-
-
-def _is_word(text: str) -> bool:
-    return bool(text) and text != ":" and not _NOT_A_WORD.search(text)
-
-
-def _carriable(text: str, appfile: bool) -> bool:
-    """True when ``text`` survives as one argument in the launcher's syntax."""
-    return _is_word(text) if appfile else text != ":"
-
-
-def _carriable_value(text: str, appfile: bool) -> bool:
-    """True when an environment value survives inside ``NAME=VALUE`` (or as ``-env N VALUE``)."""
-    return text != ":" and not (appfile and _NOT_A_WORD.search(text))
 
 
 # ------------------------------------------------------------------ Jinja2 environment
@@ -544,7 +464,7 @@ def _instance_contexts(
     available: Mapping[str, Topology | None],
 ) -> tuple[list[InstanceContext], list[dict[str, str]]]:
     secrets = instance_env.secret_names(plan.env)
-    bind = _Binder(plan, available)
+    bind = Binder(plan, available)
     contexts, envs = [], []
     for inst in plan.instances:
         shard_file = posixpath.join(job_dir, f"shard-{inst.index}.txt")
@@ -554,36 +474,6 @@ def _instance_contexts(
         contexts.append(InstanceContext(*where, (), (), env, secrets))
         envs.append(env)
     return contexts, envs
-
-
-class _Binder:
-    """numactl bindings, restricted to the CPUs and NUMA nodes the real machine has."""
-
-    def __init__(self, plan: LaunchPlan, available: Mapping[str, Topology | None]):
-        self.enabled = plan.numa_aware
-        self.real: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
-        for name, topo in available.items():
-            if topo is not None:
-                self.real[name] = (frozenset(topo.cpus), frozenset(n.id for n in topo.numa_nodes))
-        self.cache: dict[tuple[str, tuple[int, ...], tuple[int, ...]], Binding | None] = {}
-
-    def __call__(self, inst: InstancePlan) -> Binding | None:
-        if not self.enabled or not inst.cpus:
-            return None
-        host = inst.host if inst.host in self.real else ""
-        key = (host, inst.cpus, inst.numa_nodes)
-        if key not in self.cache:
-            self.cache[key] = self._binding(*key)
-        return self.cache[key]
-
-    def _binding(self, host: str, cpus: tuple[int, ...], nodes: tuple[int, ...]) -> Binding | None:
-        if host in self.real:
-            have_cpus, have_nodes = self.real[host]
-            cpus = tuple(c for c in cpus if c in have_cpus)
-            nodes = tuple(n for n in nodes if n in have_nodes)
-        if not cpus:
-            return None
-        return Binding(format_cpulist(cpus), format_cpulist(nodes))
 
 
 def _base_context(
@@ -663,8 +553,8 @@ class _Launch:
         names = set(self.secrets)
         for env in self.envs:
             values = env.values()
-            if ":" in values or (appfile and _NOT_A_WORD.search("\0".join(values))):
-                names.update(k for k, v in env.items() if not _carriable_value(v, appfile))
+            if ":" in values or (appfile and NOT_A_WORD.search("\0".join(values))):
+                names.update(k for k, v in env.items() if not carriable_value(v, appfile))
         return frozenset(names)
 
     def _uniform_values(self, names: Iterable[str]) -> dict[str, str]:
@@ -673,7 +563,7 @@ class _Launch:
         for name in sorted(names):
             seen = {env[name] for env in self.envs}
             if len(seen) > 1:
-                example = min(seen, key=lambda v: not _NOT_A_WORD.search(v))
+                example = min(seen, key=lambda v: not NOT_A_WORD.search(v))
                 raise RenderError(
                     f"{name} differs between instances and {example!r} cannot be written to an "
                     "Open MPI appfile (whitespace or '#'); check the job directory"
@@ -682,13 +572,13 @@ class _Launch:
         return values
 
     def _launch_argv(self, argv: tuple[str, ...], appfile: bool) -> tuple[str, ...]:
-        if all(_carriable(a, appfile) for a in argv):
+        if all(carriable(a, appfile) for a in argv):
             return argv
         program = self.plan.program
         prefix = argv[: len(argv) - len(program)]
-        if argv[len(prefix) :] == program and all(_carriable(a, appfile) for a in prefix):
+        if argv[len(prefix) :] == program and all(carriable(a, appfile) for a in prefix):
             return prefix + EXEC_ARGV
-        bad = next(a for a in argv if not _carriable(a, appfile))
+        bad = next(a for a in argv if not carriable(a, appfile))
         raise RenderError(
             f"{INSTANCE_TEMPLATE}: argument {bad!r} cannot be written to the launcher's "
             "command line, and the command does not end with the program"
@@ -728,43 +618,3 @@ def _render_launcher(
     if size > ARGV_MAX:
         raise RenderError(f"{name}: the command line is {size} bytes, more than the OS accepts")
     return argv, launcher_env, files.files
-
-
-# ------------------------------------------------------------------ display
-
-
-def _format_launcher(argv: tuple[str, ...]) -> str:
-    """One app context a line (split before each ``:``), joined with shell continuations."""
-    parts: list[list[str]] = [[]]
-    for arg in argv:
-        if arg == ":":
-            parts.append([])
-        parts[-1].append(arg)
-    return " \\\n  ".join(shlex.join(p) for p in parts)
-
-
-def _instance_header(cmd: InstanceCommand) -> str:
-    files = cmd.shard_text.count("\n")
-    return f"# instance {cmd.index} on {cmd.host}: shard {cmd.shard_file} ({files} file(s))"
-
-
-def _format_instance(cmd: InstanceCommand, secrets: frozenset[str]) -> str:
-    chdir = [f"--chdir={cmd.cwd}"] if cmd.cwd is not None else []
-    assignments = [f"{k}={v}" for k, v in _masked(cmd.env, secrets).items()]
-    return shlex.join(["env", *chdir, *assignments, *cmd.argv])
-
-
-def _masked(env: Mapping[str, str], secrets: frozenset[str]) -> dict[str, str]:
-    return instance_env.masked(dict(env), secrets)
-
-
-def _scrubber(job: RenderedJob, secrets: frozenset[str]) -> Callable[[str], str]:
-    """Belt and braces: masks any secret value (4+ characters) that reached a text anyway."""
-    values = [v.value for v in job.plan.env if v.name in secrets and len(v.value) >= 4]
-
-    def scrub(text: str) -> str:
-        for value in values:
-            text = text.replace(value, instance_env.MASK)
-        return text
-
-    return scrub

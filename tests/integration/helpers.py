@@ -34,7 +34,7 @@ from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
-from poprun_py.core.topology import Topology
+from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.process.proctree import alive
 from poprun_py.providers.netns import TestCluster, TestHost, host_pids
 from poprun_py.render import job as render
@@ -234,3 +234,26 @@ def strays(cluster: TestCluster) -> dict[str, list[int]]:
     """Per host: live processes in its namespace other than its sshd (hosts with none left out)."""
     found = {host.name: stray_pids(host) for host in cluster.hosts}
     return {name: pids for name, pids in found.items() if pids}
+
+
+BINDING_PROBE = (
+    "import json\n"
+    "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+    "maps = [l.split() for l in open('/proc/self/numa_maps') if l.strip()]\n"
+    "print(json.dumps({'cpus': status['Cpus_allowed_list'].strip(),\n"
+    "                  'mems': status['Mems_allowed_list'].strip(),\n"
+    "                  'policies': sorted({m[1] for m in maps})}))\n"
+)
+"""A Python program printing the CPUs it may run on and the memory policies of its mappings
+(``bind:0`` under ``set_mempolicy(MPOL_BIND, {0})``, ``default`` when unbound), as the kernel
+reports them in /proc/self/status and /proc/self/numa_maps."""
+
+CPU1_TOPOLOGY = Topology((NumaNode(0, (1,)), NumaNode(1, (0,))))
+"""A declared topology that fits a machine with CPUs 0-1 and one NUMA node: two instances on
+one host bind to node 0 with CPU 1 (memory bound to node 0), and to CPU 0 only (node 1 does not
+exist there, so no memory binding)."""
+
+
+def usable_cpu1() -> bool:
+    """True when this process may run on CPUs 0 and 1 and NUMA node 0 exists."""
+    return {0, 1} <= os.sched_getaffinity(0) and Path("/sys/devices/system/node/node0").is_dir()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -17,7 +16,10 @@ from poprun_py.backends.result import RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.topology import Topology, parse_sysfs_nodes
 from poprun_py.errors import PreflightError
+from poprun_py.process.binding import MPOL_DEFAULT, get_mempolicy
 from tests.integration.helpers import (
+    BINDING_PROBE,
+    CPU1_TOPOLOGY,
     EXAMPLES,
     REPO,
     example_inputs,
@@ -25,7 +27,9 @@ from tests.integration.helpers import (
     left_behind,
     make_job,
     plan_for,
+    render,
     run_local,
+    usable_cpu1,
     zombies,
 )
 
@@ -110,7 +114,6 @@ def this_machine() -> Topology:
     return parse_sysfs_nodes(nodes)
 
 
-@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
 def test_instances_run_on_the_cpus_the_plan_binds_them_to(tmp_path: Path) -> None:
     topology = this_machine()
     if len(topology.cpus) < 2 or set(topology.cpus) - os.sched_getaffinity(0):
@@ -126,19 +129,50 @@ def test_instances_run_on_the_cpus_the_plan_binds_them_to(tmp_path: Path) -> Non
         assert allowed[inst.index] == str(sorted(inst.cpus))
 
 
-def test_missing_numactl_is_a_one_line_preflight_fault(
+@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
+def test_binding_without_numactl_sets_cpus_and_memory_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PATH", f"{Path(PY).parent}:/bin")  # no numactl on PATH (nor needed)
+    plan = plan_for([PY, "-c", BINDING_PROBE], "h1", instances=2, topology=CPU1_TOPOLOGY)
+    assert {c.argv[0] for c in make_job(plan, tmp_path / "rendered").instances} == {PY}
+    result, lines = run_local(plan, tmp_path, available={"h1": this_machine()})
+    assert result.ok, lines
+    seen = {i: json.loads(line) for i, s, line in lines if s == "stdout"}
+    assert seen[0] == {"cpus": "1", "mems": "0", "policies": ["bind:0"]}  # MPOL_BIND node 0
+    assert seen[1] == {"cpus": "0", "mems": "0", "policies": ["default"]}  # node 1: none here
+    assert os.sched_getaffinity(0) >= {0, 1}  # poprun-py's own binding is back
+    assert get_mempolicy() == (MPOL_DEFAULT, ())
+
+
+def test_a_binding_that_cannot_be_made_fails_its_instance_in_one_line(tmp_path: Path) -> None:
+    cpu = max(os.cpu_count() or 1, 1) + 64  # no such CPU
     plan = plan_for(
-        ["true"], "localhost", instances=2, topology=parse_sysfs_nodes({"node0": "0-1"})
+        ["true"], "h1", instances=2, topology=parse_sysfs_nodes({"node0": f"{cpu}-{cpu + 1}"})
     )
-    job = make_job(plan, tmp_path / "job")
-    if not any(Path(c.argv[0]).name == "numactl" for c in job.instances):
-        pytest.skip("the renderer does not bind through numactl here")
+    result, _ = run_local(plan, tmp_path)
+    first = result.instances[0]
+    assert not result.ok and first.exit_code == 126
+    assert first.detail == f"cannot start 'true': cannot bind to CPUs {cpu}: Invalid argument"
+    assert zombies() == []
+
+
+def test_missing_numactl_a_template_asks_for_is_a_preflight_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "instance.j2").write_text("{{ (inst.numactl + program) | quoted }}\n")
+    plan = plan_for(["true"], "h1", instances=2, topology=CPU1_TOPOLOGY)
+    job = render.render_job(plan, "local", job_dir=str(tmp_path / "job"), templates_dir=templates)
+    assert [c.argv[0] for c in job.instances] == ["numactl", "numactl"]
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(PreflightError, match=r"numactl not found on PATH[^\n]*$") as err:
+    with pytest.raises(
+        PreflightError, match=r"^preflight failed on localhost: numactl: numactl not found"
+    ) as caught:
         LocalBackend().run(job, RunOptions())
-    assert err.value.exit_code == 3
+    assert caught.value.exit_code == 3 and "\n" not in str(caught.value)
+    assert not (tmp_path / "job").exists()  # nothing started, not even the job files
 
 
 def test_missing_program_fails_its_instance_with_127(tmp_path: Path) -> None:

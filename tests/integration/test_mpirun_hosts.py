@@ -32,11 +32,20 @@ from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
+from poprun_py.core.topology import NumaNode, Topology
+from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job
 from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
-from tests.integration.helpers import marked_on, need_mpi, sessions_started, stray_pids
+from tests.integration.helpers import (
+    BINDING_PROBE,
+    marked_on,
+    need_mpi,
+    sessions_started,
+    stray_pids,
+    usable_cpu1,
+)
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi]
 
@@ -150,6 +159,38 @@ def test_mpi4py_ranks_hosts_and_allreduce_agree_with_the_plan(
         (inst.host, "exited", 0) for inst in plan.instances
     ]
     assert_clean(test_cluster_4, "mpi_check.py")
+
+
+@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
+def test_open_mpi_binds_every_rank_itself_from_the_rankfile(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = f"poprun-bind-{uuid.uuid4().hex[:8]}"
+    node0 = Topology((NumaNode(0, (0, 1)),))  # two instances a host share node 0, CPU each
+    hosts = tuple(
+        HostSpec(h.name, address=h.address, user="root", topology=node0)
+        for h in test_cluster_4.hosts
+    )
+    spec = JobSpec((PY, "-c", BINDING_PROBE, mark), replicas=8, instances=8)
+    plan = make_plan(ClusterSpec(name=test_cluster_4.name, hosts=hosts), spec)
+    real = discover_local()  # the test hosts are namespaces of this machine
+    job = render_job(
+        plan,
+        "mpirun",
+        job_dir=str(tmp_path / "job"),
+        available={h.name: real for h in plan.hosts},
+        mpi_args=mpirun_args(()),
+        mpi_subnet=test_cluster_4.subnet,
+        as_root=os.geteuid() == 0,
+    )
+    assert "numactl" not in " ".join(job.launcher) and "rankfile" in job.files
+    result, lines = run(test_cluster_4, job)
+    assert result.ok, lines
+    seen = {i: json.loads(line) for i, s, line in lines if s == "stdout" and i >= 0}
+    for inst in plan.instances:  # local 0: CPU 0, local 1: CPU 1; memory bound to node 0
+        assert seen[inst.index]["cpus"] == str(inst.local_index)
+        assert seen[inst.index]["policies"] == ["bind:0"]
+    assert_clean(test_cluster_4, mark)
 
 
 SHARD_READER = (

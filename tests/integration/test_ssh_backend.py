@@ -23,17 +23,18 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent import host as remote_agent
-from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload
+from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_binding
 from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.prepare.discover import discover_local
 from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render import job as render
 from poprun_py.ssh.transport import ConnectionPool, SshSettings
 from tests.hostfixtures import MakeCluster
-from tests.integration.helpers import strays
+from tests.integration.helpers import BINDING_PROBE, CPU1_TOPOLOGY, strays, usable_cpu1
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -275,8 +276,9 @@ def _environ(pid: str) -> bytes:
 @pytest.mark.parametrize("form", ["compiled", "other magic", "source only"])
 def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
     args, payload = agent_payload()
-    source = Path(remote_agent.__file__).read_bytes()
-    assert payload.endswith(source)
+    source = inline_binding(Path(remote_agent.__file__).read_bytes())
+    assert payload.endswith(source) and b"import poprun_py" not in source
+    assert b"from poprun_py" not in source  # the host has no poprun_py: binding is inlined
     if form == "compiled":  # the same magic: the compiled agent runs, the source is not used
         payload = payload[: -len(source)] + b"#" * len(source)
     elif form == "other magic":  # a host whose Python cannot run our bytecode compiles the source
@@ -285,13 +287,40 @@ def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
         args, payload = [str(len(source))], source
     argv = [*AGENT_START, remote_agent.BOOTSTRAP, *args]
     job = {"instances": [{"index": 0, "argv": ["echo", "via bootstrap"], "env": {}, "cwd": None}]}
+    if usable_cpu1():  # the inlined binding code works in the shipped agent too
+        job["instances"].append(
+            {"index": 1, "argv": [PY, "-c", BINDING_PROBE], "env": {}, "cpus": [1], "mems": [0]}
+        )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(payload + b"job " + json.dumps(job).encode() + b"\n")
     proc.stdin.flush()
     recs = records(proc.stdout.read())
     proc.stdin.close()
-    assert recs[1:] == ["o 0 via bootstrap", "x 0 0", "d"]
+    assert [r for r in recs if r.startswith(("o 0", "x 0"))] == ["o 0 via bootstrap", "x 0 0"]
+    assert recs[-1] == "d"
+    if usable_cpu1():
+        probe = json.loads(next(r for r in recs if r.startswith("o 1 "))[4:])
+        assert probe == {"cpus": "1", "mems": "0", "policies": ["bind:0"]}
+
+
+@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
+def test_agent_binds_each_instance_to_its_cpus_and_nodes() -> None:
+    probe = [PY, "-c", BINDING_PROBE]
+    job = {
+        "instances": [
+            {"index": 0, "argv": probe, "env": {}, "cwd": None, "cpus": [1], "mems": [0]},
+            {"index": 1, "argv": probe, "env": {}, "cwd": None, "cpus": [0], "mems": []},
+            {"index": 2, "argv": probe, "env": {}, "cwd": None},
+            {"index": 3, "argv": ["true"], "env": {}, "cwd": None, "cpus": [999]},
+        ]
+    }
+    recs = records(finish(agent(job)))
+    seen = {int(r.split()[1]): json.loads(r.split(" ", 2)[2]) for r in recs if r[0] == "o"}
+    assert seen[0] == {"cpus": "1", "mems": "0", "policies": ["bind:0"]}
+    assert seen[1] == {"cpus": "0", "mems": "0", "policies": ["default"]}
+    assert seen[2]["policies"] == ["default"]  # unbound: the agent's own, as it was
+    assert "f 3 cannot start 'true': cannot bind to CPUs 999: Invalid argument" in recs
 
 
 def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
@@ -377,6 +406,30 @@ def test_instances_run_on_their_hosts_with_env_shards_and_logs(
     assert [(r.state, r.exit_code, r.host) for r in result.instances] == [
         ("exited", 0, inst.host) for inst in plan.instances
     ]
+    assert_clean(test_cluster_4, mark)
+
+
+@hosts
+@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
+def test_instances_are_bound_on_their_hosts_without_numactl(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    mark = marker()
+    hosts = tuple(
+        HostSpec(h.name, address=h.address, topology=CPU1_TOPOLOGY) for h in test_cluster_4.hosts
+    )
+    spec = JobSpec((PY, "-c", BINDING_PROBE, mark), replicas=8, instances=8)
+    plan = make_plan(ClusterSpec(name=test_cluster_4.name, hosts=hosts), spec)
+    real = discover_local()  # the test hosts are namespaces of this machine
+    available = {h.name: real for h in plan.hosts}
+    job = render.render_job(plan, "ssh", job_dir=str(tmp_path / "job"), available=available)
+    assert {c.argv[0] for c in job.instances} == {PY}  # no numactl anywhere
+    result, lines = run_job(test_cluster_4, job)
+    assert result.ok, lines
+    seen = {i: json.loads(line) for i, s, line in lines if s == "stdout"}
+    for inst in plan.instances:  # local 0: CPU 1 and memory on node 0; local 1: CPU 0 only
+        want = ("1", ["bind:0"]) if inst.local_index == 0 else ("0", ["default"])
+        assert (seen[inst.index]["cpus"], seen[inst.index]["policies"]) == want
     assert_clean(test_cluster_4, mark)
 
 

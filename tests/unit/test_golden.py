@@ -18,7 +18,8 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputSet
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import uniform
-from poprun_py.render.job import format_job, render_job
+from poprun_py.render.display import format_job
+from poprun_py.render.job import render_job
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 JOB_DIR = "/tmp/poprun-job"

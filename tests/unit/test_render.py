@@ -27,14 +27,15 @@ from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import RenderError, UnknownNameError
 from poprun_py.providers.netns import TestCluster
+from poprun_py.render.binding import Binding
+from poprun_py.render.display import format_job, job_dict
 from poprun_py.render.job import (
     ARGV_LIMIT,
     EXEC_ARGV,
     EXEC_VAR,
     LAUNCHER_TEMPLATES,
+    InstanceCommand,
     RenderedJob,
-    format_job,
-    job_dict,
     list_templates,
     render_job,
     render_template,
@@ -155,6 +156,19 @@ def ompi_ranks(job: RenderedJob) -> list[Rank]:
     return [parse_ompi_context(c, job.launcher_env) for c in contexts]
 
 
+def numactl_of(cmd: InstanceCommand, job: RenderedJob | None = None) -> list[str]:
+    """The numactl prefix mpirun.j2 puts before a bound rank's command (none when Open MPI
+    binds the ranks itself, from a rankfile)."""
+    bind = cmd.binding
+    if bind is None or (job is not None and "rankfile" in job.files):
+        return []
+    return [
+        "numactl",
+        f"--physcpubind={bind.cpus}",
+        *([f"--membind={bind.nodes}"] * bool(bind.nodes)),
+    ]
+
+
 def run_argv(argv: Sequence[str], env: dict[str, str]) -> list[str]:
     """Run an instance's argv (EXEC_ARGV evaluated by a real /bin/sh) and return its argv."""
     env = {**os.environ, **env}
@@ -184,11 +198,38 @@ def test_instance_commands_carry_the_instance_environment_shard_and_cwd() -> Non
         assert cmd.argv == ("python", "train.py")
 
 
-def test_numa_binding_prefixes_numactl_with_cpus_and_memory_nodes() -> None:
+def test_numa_binding_is_data_beside_the_plain_program() -> None:
     plan = plan_of(topology=uniform(2, 4))
-    argvs = [c.argv for c in render_job(plan, "local", job_dir=JOB_DIR).instances]
-    assert argvs[0] == ("numactl", "--physcpubind=0-3", "--membind=0", "python", "train.py")
-    assert argvs[1] == ("numactl", "--physcpubind=4-7", "--membind=1", "python", "train.py")
+    job = render_job(plan, "local", job_dir=JOB_DIR)
+    assert {c.argv for c in job.instances} == {("python", "train.py")}  # no numactl prefix
+    assert job.instances[0].binding == Binding("0-3", "0", (0, 1, 2, 3), (0,))
+    assert job.instances[1].binding == Binding("4-7", "1", (4, 5, 6, 7), (1,))
+    assert "; bound to CPUs 4-7, memory on NUMA nodes 1" in format_job(job)
+    assert job_dict(job)["instances"][1]["binding"] == {"cpus": [4, 5, 6, 7], "numa_nodes": [1]}
+
+
+def test_a_template_can_still_bind_with_numactl(tmp_path: Path) -> None:
+    (tmp_path / "instance.j2").write_text("{{ (inst.numactl + program) | quoted }}\n")
+    plan = plan_of(topology=uniform(2, 4))
+    job = render_job(plan, "local", job_dir=JOB_DIR, templates_dir=tmp_path)
+    first = job.instances[0]
+    assert first.argv == ("numactl", "--physcpubind=0-3", "--membind=0", "python", "train.py")
+    assert first.binding is None  # numactl binds it; the backend does not bind it again
+    mpirun = render_job(plan, "mpirun", job_dir=JOB_DIR, templates_dir=tmp_path)
+    assert ompi_ranks(mpirun)[0].argv == list(first.argv)  # not prefixed twice
+
+
+def test_a_binding_that_changes_nothing_is_not_made_and_the_plan_says_so() -> None:
+    plan = plan_of(topology=uniform(1, 4))  # one NUMA node: each host's instances share it
+    job = render_job(plan, "local", job_dir=JOB_DIR)
+    assert [c.binding for c in job.instances][:2] == [
+        Binding("0-1", "0", (0, 1), (0,)),
+        Binding("2-3", "0", (2, 3), (0,)),
+    ]
+    whole = plan_of(topology=uniform(1, 4), instances=2)  # one instance a host: every CPU
+    assert all(c.binding is None for c in render_job(whole, "local", job_dir=JOB_DIR).instances)
+    assert any("binding would change nothing on h1, h2" in n for n in whole.notes)
+    assert not any("change nothing" in n for n in plan.notes)
 
 
 def test_no_binding_without_numa_awareness_or_topology() -> None:
@@ -203,17 +244,24 @@ def test_available_topology_keeps_only_cpus_and_nodes_that_exist() -> None:
     plan = plan_of(topology=uniform(2, 4))  # instance 0: node 0, cpus 0-3; 1: node 1, cpus 4-7
     small = Topology((NumaNode(0, (0, 1)),))  # this machine: one node, two CPUs
     job = render_job(plan, "local", job_dir=JOB_DIR, available={"h1": small, "h2": None})
-    h1_first, h1_second, h2_first = (job.instances[i].argv for i in (0, 1, 2))
-    assert h1_first[:3] == ("numactl", "--physcpubind=0-1", "--membind=0")
-    assert h1_second == ("python", "train.py")  # no CPU of node 1 exists: no binding at all
-    assert h2_first[:3] == ("numactl", "--physcpubind=0-3", "--membind=0")  # None: as planned
+    h1_first, h1_second, h2_first = (job.instances[i].binding for i in (0, 1, 2))
+    assert h1_first is None  # every CPU and node of that machine: binding changes nothing
+    assert h1_second is None  # no CPU of node 1 exists: no binding at all
+    assert h2_first == Binding("0-3", "0", (0, 1, 2, 3), (0,))  # None: as planned
+    part = Topology((NumaNode(0, (0, 1, 4, 5)),))
+    job = render_job(plan, "local", job_dir=JOB_DIR, available={"h1": part})
+    assert job.instances[0].binding == Binding("0-1", "0", (0, 1), (0,))
+    assert job.instances[1].binding == Binding("4-5", "", (4, 5), ())
 
 
 def test_available_topology_without_the_node_drops_only_membind() -> None:
     plan = plan_of(topology=uniform(2, 4))
     other = Topology((NumaNode(5, (0, 1, 2, 3, 4, 5, 6, 7)),))
     job = render_job(plan, "local", job_dir=JOB_DIR, available={"h1": other})
-    assert job.instances[1].argv == ("numactl", "--physcpubind=4-7", "python", "train.py")
+    assert job.instances[1].binding == Binding("4-7", "", (4, 5, 6, 7), ())
+    mpirun = render_job(plan, "mpirun", job_dir=JOB_DIR, available={"h1": other})
+    assert "rank 1=h1 slot=4-7" in mpirun.files["rankfile"]
+    assert "hwloc_base_mem_alloc_policy" not in mpirun.launcher  # node 1 does not exist there
 
 
 # ------------------------------------------------------------------ mpirun
@@ -231,12 +279,20 @@ def test_mpirun_global_options_hostfile_and_one_context_per_instance() -> None:
     )
     globals_, contexts = split_contexts(job.launcher, "-np")
     assert globals_ == [
-        "mpirun", "--tag-output", "--bind-to", "none", "--allow-run-as-root",
+        "mpirun", "--tag-output", "--use-hwthread-cpus", "--mca", "rmaps_rank_file_physical", "1",
+        "--rankfile", f"{JOB_DIR}/rankfile", "--mca", "hwloc_base_mem_alloc_policy", "local_only",
+        "--allow-run-as-root",
         "--mca", "btl_tcp_if_include", "198.18.0.0/24",
         "--mca", "oob_tcp_if_include", "198.18.0.0/24",
-        "--hostfile", f"{JOB_DIR}/hostfile", "--map-by", "slot", "--mca", "pml", "ob1",
+        "--hostfile", f"{JOB_DIR}/hostfile", "--mca", "pml", "ob1",
     ]  # fmt: skip
-    assert job.files == {"hostfile": "h1 slots=2\nh2 slots=2\n"}
+    assert job.files["hostfile"] == "h1 slots=2\nh2 slots=2\n"
+    unbound = render_job(plan_of(), "mpirun", job_dir=JOB_DIR)  # no topology: nothing bound
+    assert split_contexts(unbound.launcher, "-np")[0] == [
+        "mpirun", "--tag-output", "--bind-to", "none",
+        "--hostfile", f"{JOB_DIR}/hostfile", "--map-by", "slot",
+    ]  # fmt: skip
+    assert unbound.files == {"hostfile": "h1 slots=2\nh2 slots=2\n"}
     assert len(contexts) == plan.num_instances
 
 
@@ -260,8 +316,30 @@ def test_mpirun_each_rank_gets_exactly_its_instance_environment_and_argv() -> No
     job = render_job(plan, "mpirun", job_dir=JOB_DIR)
     for rank, cmd in zip(ompi_ranks(job), job.instances, strict=True):
         assert rank.env == dict(cmd.env)
-        assert rank.argv == list(cmd.argv)
+        assert rank.argv == list(cmd.argv)  # Open MPI binds them (rankfile): no numactl
         assert rank.wdir == "/w"
+    assert "--bind-to" not in job.launcher and "--map-by" not in job.launcher
+    assert job.launcher[job.launcher.index("--rankfile") + 1] == f"{JOB_DIR}/rankfile"
+    assert job.files["rankfile"].splitlines() == [
+        f"rank {c.index}={plan.hosts[c.index // 2].spec.target} slot={c.binding.cpus}"
+        for c in job.instances
+        if c.binding is not None
+    ]
+    assert "hwloc_base_mem_alloc_policy" in job.launcher  # memory on the CPUs' own nodes
+
+
+def test_mpirun_ranks_bind_through_numactl_when_some_are_unbound() -> None:
+    hosts = (HostSpec("a", topology=uniform(2, 2)), HostSpec("b"))  # b: topology unknown
+    plan = make_plan(ClusterSpec("mixed", hosts), JobSpec(("prog",), replicas=4, instances=4))
+    job = render_job(plan, "mpirun", job_dir=JOB_DIR)
+    assert "rankfile" not in job.files and job.launcher[1:4] == (
+        "--tag-output",
+        "--bind-to",
+        "none",
+    )
+    argvs = [r.argv for r in ompi_ranks(job)]
+    assert argvs[0] == ["numactl", "--physcpubind=0-1", "--membind=0", "prog"]
+    assert argvs[2:] == [["prog"], ["prog"]]
 
 
 def test_mpirun_secret_passes_by_name_and_never_appears_in_argv_or_files() -> None:
@@ -293,6 +371,7 @@ def test_mpirun_large_job_moves_contexts_into_an_appfile() -> None:
     for k, (rank, cmd) in enumerate(zip(ranks, job.instances, strict=True)):
         assert rank.host == f"node{k // 8 + 1}:8"
         assert rank.env == dict(cmd.env) and rank.argv == list(cmd.argv)
+    assert len(job.files["rankfile"].splitlines()) == 512
 
 
 def test_mpirun_small_job_stays_inline_near_the_limit() -> None:
@@ -325,7 +404,7 @@ def test_program_words_the_launcher_cannot_carry_run_through_poprun_exec() -> No
         job = render_job(plan, "mpirun", job_dir=JOB_DIR, argv_limit=limit)
         exec_text = job.launcher_env[EXEC_VAR]
         for rank, cmd in zip(ompi_ranks(job), job.instances, strict=True):
-            prefix = list(cmd.argv[: -len(program)])
+            prefix = numactl_of(cmd, job) + list(cmd.argv[: -len(program)])
             assert rank.argv == prefix + list(EXEC_ARGV)
             assert rank.env[EXEC_VAR] == exec_text
             shell_argv = rank.argv[len(prefix) :]
@@ -376,7 +455,7 @@ def test_nasty_strings_survive_render_to_argv_byte_for_byte(nasty: str) -> None:
     mpirun = render_job(plan, "mpirun", job_dir=job_dir)
     assert mpirun.launcher[mpirun.launcher.index("--hostfile") + 1] == f"{job_dir}/hostfile"
     for rank, cmd in zip(ompi_ranks(mpirun), local.instances, strict=True):
-        if rank.argv != list(cmd.argv):  # ':' cannot be inline: it went through POPRUN_EXEC
+        if rank.argv != numactl_of(cmd, mpirun) + list(cmd.argv):  # ':' went via POPRUN_EXEC
             assert shlex.split(rank.env.pop(EXEC_VAR)) == ["exec", *program]
         assert rank.env == dict(cmd.env) and rank.wdir == cmd.cwd
     mpiexec = render_job(plan, "mpiexec", job_dir=job_dir)
@@ -392,8 +471,8 @@ def test_nasty_strings_survive_the_appfile_and_the_exec_fallback(nasty: str) -> 
         env, argv = rank.env, rank.argv
         assert env["NASTY"] == nasty
         assert {k: v for k, v in env.items() if k != EXEC_VAR} == dict(cmd.env)
-        prefix = len(cmd.argv) - len(program)
-        assert argv[:prefix] == list(cmd.argv[:prefix]) and argv[0] == "numactl"
+        prefix = len(numactl_of(cmd, job))
+        assert argv[:prefix] == numactl_of(cmd, job) and "rankfile" in job.files
         if cmd.index == 0:  # the other instances differ only in their binding
             assert run_argv(argv[prefix:], env) == [nasty, f"--opt={nasty}"]
 
@@ -585,9 +664,8 @@ def check_ranks(job: RenderedJob, reports: list[dict[str, Any]], hosts: list[str
         assert report["host"] == hosts[k]
         assert {name: env.get(name) for name in cmd.env} == dict(cmd.env)
         assert report["argv"] == list(job.plan.program[3:])
-        if cmd.argv[0] == "numactl":
-            cpus = cmd.argv[1].removeprefix("--physcpubind=")
-            assert report["cpus"] == [int(c) for c in cpus.split(",")]
+        if cmd.binding is not None:
+            assert report["cpus"] == list(cmd.binding.cpu_ids)
 
 
 @pytest.mark.mpi

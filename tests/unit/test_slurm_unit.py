@@ -114,9 +114,9 @@ def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
     assert last[3] == "exec numactl --physcpubind=2-3 --membind=0 prog"
 
 
-def test_srun_binding_drops_the_numactl_prefix_from_tasks() -> None:
+def test_srun_binding_runs_the_tasks_without_numactl() -> None:
     job = rendered(plan_of())
-    assert job.instances[0].argv[0] == "numactl"  # what the local backend would run
+    assert job.instances[0].argv[0] == "python" and job.instances[0].binding is not None
     assert exec_line(job, 1) == "exec python train.py --name 'run 1'"
 
 

@@ -1,0 +1,185 @@
+"""Binding without numactl: the syscalls, the spawner's set-spawn-restore, the agent's copy,
+the plan's "changes nothing" rule, and the numactl preflight check for templates that use it."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from poprun_py.agent import host as remote_agent
+from poprun_py.agent.client import Timing, agent_payload, inline_binding
+from poprun_py.backends.ssh import _host_header
+from poprun_py.core.hosts import parse_hosts
+from poprun_py.core.plan import binds, make_plan
+from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.core.topology import NumaNode, Topology, uniform
+from poprun_py.errors import PreflightError
+from poprun_py.launch.preflight import HostReport, PreflightReport, check_numactl
+from poprun_py.process import binding
+from poprun_py.process.binding import (
+    MPOL_BIND,
+    MPOL_DEFAULT,
+    SYSCALLS,
+    allowed_cpus,
+    bound,
+    get_mempolicy,
+    set_mempolicy,
+)
+from poprun_py.process.proctree import Spawner
+from poprun_py.render.job import render_job
+
+TWO_CPUS = {0, 1} <= os.sched_getaffinity(0)
+NODE0 = Path("/sys/devices/system/node/node0").is_dir()
+
+
+def status(pid: int, key: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+    raise KeyError(key)
+
+
+# ---------------------------------------------------------------- syscalls
+
+
+def test_syscall_numbers_of_the_supported_architectures() -> None:
+    assert SYSCALLS["x86_64"] == (238, 239)
+    assert SYSCALLS["aarch64"] == SYSCALLS["riscv64"] == (237, 236)  # the generic table
+    assert binding.syscall_numbers() == SYSCALLS.get(os.uname().machine)
+
+
+@pytest.mark.skipif(not NODE0, reason="no NUMA node 0 in sysfs")
+def test_set_and_get_mempolicy_round_trip_on_a_thread_of_its_own() -> None:
+    seen: list[object] = []
+
+    def work() -> None:
+        set_mempolicy(MPOL_BIND, [0])
+        seen.append(get_mempolicy())
+        set_mempolicy(MPOL_DEFAULT)
+        seen.append(get_mempolicy())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen == [(MPOL_BIND, (0,)), (MPOL_DEFAULT, ())]
+    assert get_mempolicy() == (MPOL_DEFAULT, ())  # per thread: this one never changed
+
+
+def test_an_impossible_binding_is_an_oserror_and_changes_nothing() -> None:
+    before = allowed_cpus(), get_mempolicy()
+    with pytest.raises(OSError, match="cannot bind to CPUs 4000-4001"), bound((4000, 4001), ()):
+        pass
+    with pytest.raises(OSError, match="NUMA node 5000 is out of range"), bound((), (5000,)):
+        pass
+    assert (allowed_cpus(), get_mempolicy()) == before
+
+
+def test_without_numa_policies_memory_stays_unbound_and_cpus_are_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(binding._CACHE, "numbers", None)  # as on an unknown architecture
+    cpu = min(os.sched_getaffinity(0))
+    with bound((cpu,), (0,)):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert len(os.sched_getaffinity(0)) == len(allowed_cpus())
+
+
+@pytest.mark.skipif(not (TWO_CPUS and NODE0), reason="needs CPUs 0-1 and NUMA node 0")
+def test_spawner_binds_posix_spawn_and_popen_children_and_restores_itself() -> None:
+    spawner = Spawner({})
+    try:
+        for cwd in (None, "/"):  # posix_spawn, then Popen (a working directory)
+            proc = spawner.start(("sleep", "5"), {}, cwd, (1,), (0,))
+            try:
+                assert status(proc.pid, "Cpus_allowed_list") == "1"
+                maps = Path(f"/proc/{proc.pid}/numa_maps").read_text().splitlines()
+                assert {line.split()[1] for line in maps} == {"bind:0"}
+            finally:
+                os.kill(proc.pid, 9)
+                proc.wait()
+                proc.close()
+        assert os.sched_getaffinity(0) >= {0, 1} and get_mempolicy() == (MPOL_DEFAULT, ())
+        plain = spawner.start(("true",), {}, None)
+        assert plain.wait() == 0
+        plain.close()
+    finally:
+        spawner.close()
+
+
+# ---------------------------------------------------------------- the agent's copy
+
+
+def test_the_agent_ships_the_binding_module_inlined_and_runs_on_old_pythons() -> None:
+    source = inline_binding(Path(remote_agent.__file__).read_bytes())
+    assert b"from poprun_py" not in source and b"def bound(" in source
+    assert source.count(b"from __future__ import annotations") == 1
+    tree = ast.parse(source, feature_version=(3, 7))  # the agent runs on any Python 3.7+
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "set_mempolicy" for n in tree.body)
+    assert agent_payload()[1].endswith(source)
+
+
+def test_the_agent_source_alone_runs_without_poprun_py(tmp_path: Path) -> None:
+    source = inline_binding(Path(remote_agent.__file__).read_bytes()).decode()
+    code = "import sys; sys.argv = ['agent']; exec(compile(sys.stdin.read(), 'agent', 'exec'))"
+    env = {"PATH": os.environ["PATH"]}
+    out = subprocess.run(
+        [sys.executable, "-S", "-I", "-c", code + "; print(bound)"],
+        input=source.replace('if __name__ == "__main__":\n    main()', ""),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "function bound" in out.stdout
+
+
+def test_the_agent_header_carries_the_binding_as_data() -> None:
+    cluster = cluster_from_hosts(parse_hosts("h1"), topology=uniform(2, 2))
+    plan = make_plan(cluster, JobSpec(("prog",), replicas=2, instances=2))
+    job = render_job(plan, "ssh", job_dir="/tmp/j")
+    header = _host_header(job, "h1", "run", Timing(5.0, 0.5, 5.0, 10.0))
+    got = [(i["argv"], i.get("cpus"), i.get("mems")) for i in header["instances"]]
+    assert got == [(["prog"], [0, 1], [0]), (["prog"], [2, 3], [1])]
+
+
+# ---------------------------------------------------------------- plan and preflight
+
+
+def test_plan_binds_only_where_a_binding_changes_something() -> None:
+    one = Topology((NumaNode(0, (0, 1, 2, 3)),))
+    cluster = cluster_from_hosts(parse_hosts("h1,h2"), topology=one)
+    whole = make_plan(cluster, JobSpec(("p",), replicas=2))
+    assert [binds(whole, i) for i in whole.instances] == [False, False]
+    assert whole.notes[-1] == (
+        "binding would change nothing on h1, h2 (one NUMA node holds every CPU): "
+        "those instances are not bound"
+    )
+    split = make_plan(cluster, JobSpec(("p",), replicas=4, instances=4))
+    assert [binds(split, i) for i in split.instances] == [True] * 4
+    assert not any("change nothing" in n for n in split.notes)
+    off = make_plan(cluster, JobSpec(("p",), replicas=4, instances=4, numa_aware=False))
+    assert not any(binds(off, i) for i in off.instances)
+
+
+def test_numactl_is_a_preflight_fault_only_where_a_command_uses_it(tmp_path: Path) -> None:
+    cluster = cluster_from_hosts(parse_hosts("h1,h2"), topology=uniform(2, 2))
+    plan = make_plan(cluster, JobSpec(("prog",), replicas=4, instances=4))
+    report = PreflightReport((HostReport("h1", numactl=False), HostReport("h2", numactl=True)))
+    check_numactl(render_job(plan, "ssh", job_dir="/tmp/j"), report)  # binds itself: fine
+    check_numactl(render_job(plan, "mpirun", job_dir="/tmp/j"), report)  # Open MPI binds
+    mpiexec = render_job(plan, "mpiexec", job_dir="/tmp/j")  # ranks run under numactl
+    with pytest.raises(PreflightError, match=r"^preflight failed on h1: numactl: ") as caught:
+        check_numactl(mpiexec, report)
+    assert [f.host for f in caught.value.faults] == ["h1"] and caught.value.exit_code == 3
+    (tmp_path / "instance.j2").write_text("{{ (inst.numactl + program) | quoted }}\n")
+    user = render_job(plan, "ssh", job_dir="/tmp/j", templates_dir=tmp_path)
+    with pytest.raises(PreflightError):
+        check_numactl(user, report)
