@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poprun_py.agent import host as remote_agent
+from poprun_py.agent import protocol as P
 from poprun_py.errors import Fault, PreflightError
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ AGENT_START = (
     'exec "$p" -S -c "$0" "$@"; fi; done; echo "poprun-py agent: no python3 on PATH" >&2; exit 127',
 )
 """Runs the agent bootstrap with the host's python3 (the system one first: it starts fastest)."""
-INSTANCE_RECORDS = frozenset((b"p", b"o", b"e", b"x", b"k", b"f", b"n"))
 
 
 class AgentPool:
@@ -130,22 +130,41 @@ class AgentPool:
 def agent_payload() -> tuple[list[str], bytes]:
     """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
     is by a host whose Python has this bytecode magic) and its source (compiled there if not)."""
-    source = inline_binding(Path(remote_agent.__file__).read_bytes())
+    source = inline_modules(Path(remote_agent.__file__).read_bytes())
     code = marshal.dumps(compile(source, "poprun-agent", "exec"))
     return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
 
 
-def inline_binding(agent: bytes) -> bytes:
-    """The agent's source with its import of :mod:`poprun_py.process.binding` replaced by that
-    module's code (the host has no poprun_py): one source of truth for the binding syscalls."""
-    from poprun_py.process import binding
+INLINED = (
+    (b"from poprun_py.agent.protocol import", "poprun_py.agent.protocol"),
+    (b"from poprun_py.process.binding import", "poprun_py.process.binding"),
+)
+"""The agent's imports of poprun-py modules, each replaced by that module's code when it ships
+(the host has no poprun_py): one source of truth for the protocol and the binding syscalls."""
 
-    body = Path(binding.__file__).read_bytes().replace(b"from __future__ import annotations\n", b"")
-    line = b"from poprun_py.process.binding import bound"
-    head, found, tail = agent.partition(line)
-    if not found:
-        raise RuntimeError("poprun_py/agent/host.py no longer imports poprun_py.process.binding")
-    return head + body + tail.partition(b"\n")[2]
+
+def inline_modules(agent: bytes) -> bytes:
+    """The agent's source with every :data:`INLINED` import replaced by its module's code."""
+    import importlib
+
+    for start, name in INLINED:
+        module = importlib.import_module(name)
+        body = Path(str(module.__file__)).read_bytes()
+        body = body.replace(b"from __future__ import annotations\n", b"")
+        head, found, tail = agent.partition(start)
+        if not found:
+            raise RuntimeError(f"poprun_py/agent/host.py no longer imports {name}")
+        agent = head + body + _after_import(tail)
+    return agent
+
+
+def _after_import(tail: bytes) -> bytes:
+    """What follows an import statement (one line, or a parenthesised list of names)."""
+    line, _, rest = tail.partition(b"\n")
+    code = line.split(b"#")[0]
+    if b"(" in code and b")" not in code:
+        rest = rest.partition(b")\n")[2]
+    return rest
 
 
 class AgentConnection:
@@ -202,7 +221,7 @@ class AgentConnection:
             "timeout": timeout,
             "stdin": (stdin or b"").decode("utf-8", "surrogateescape"),
         }
-        self.send(b"run " + json.dumps(request).encode())
+        self.send(P.REQUEST_RUN + b" " + json.dumps(request).encode())
         limit = None if timeout is None else started + timeout + max(5.0, timeout)
         reply = json.loads(self._reply(limit))
         if reply["timeout"]:
@@ -217,7 +236,7 @@ class AgentConnection:
         with self._lock:
             self._requests += 1
             request = {"id": self._requests, "files": list(files)}
-            self.send(b"put " + json.dumps(request).encode())
+            self.send(P.REQUEST_PUT + b" " + json.dumps(request).encode())
             reply = json.loads(self._reply(time.monotonic() + timeout))
         return str(reply.get("error") or "")
 
@@ -247,8 +266,8 @@ class AgentConnection:
         while True:
             while b"\n" in self.buffer:
                 line, _, self.buffer = self.buffer.partition(b"\n")
-                if line.startswith(b"R "):
-                    return line[2:]
+                if line.startswith(P.REPLY + b" "):
+                    return line[len(P.REPLY) + 1 :]
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 raise RemoteTimeout(self.name, f"the agent on {self.name} did not answer")
@@ -349,7 +368,7 @@ class AgentLink:
 
     def start(self, agent: AgentConnection, header: dict[str, Any]) -> None:
         """Hand the job to the agent."""
-        agent.send(b"job " + json.dumps(header).encode())
+        agent.send(P.JOB + b" " + json.dumps(header).encode())
         self.agent = agent
         self.heard, self.heard_wall = time.monotonic(), time.time()
 

@@ -20,22 +20,8 @@ grace period. On ``term`` it stops everything the same way. When poprun-py is go
 closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
 cut off) -- it does so on its own.
 
-Protocol, one record a line. stdin (poprun-py to agent): first any number of requests, each
-answered ``R {json}`` before the next is read: ``run {json}`` (preflight checks: ``argv``,
-``timeout``, ``env``, ``cwd``, ``stdin``; answered with ``code``, ``stdout``, ``stderr``,
-``timeout``) and ``put {json}`` (``files``: ``path``/``text`` objects written mode 0600, as the
-mpirun backend stages a job; answered with ``error``, '' when all went well); then
-``job {json}`` (files, instances -- ``index``, ``argv``, ``env``, ``cwd``, and ``cpus``/``mems``
-when bound -- and timings); then ``h`` (heartbeat), ``term`` (SIGTERM now,
-SIGKILL after grace), ``kill`` (SIGKILL now). Records about the job (stdout)::
-
-    h              heartbeat, after ``heartbeat`` seconds without any other record
-    p IDX PID      instance IDX started; PID is also its process group and session id
-    o IDX TEXT     one line of its stdout (e: stderr), without the newline
-    x IDX CODE     it exited with CODE          k IDX SIG   it was killed by signal SIG
-    f IDX TEXT     it could not be started (TEXT says why)
-    n IDX TEXT     it was not started: the agent was told to stop first
-    d              every instance has ended and nothing is left; the agent exits
+The protocol is specified in :mod:`poprun_py.agent.protocol` (inlined into the agent's
+source with :mod:`poprun_py.process.binding`).
 
 Example (the agent run locally, as its tests do)::
 
@@ -58,6 +44,24 @@ import subprocess
 import sys
 import time
 
+from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent_payload
+    DONE,
+    EXITED,
+    FAILED,
+    HEARTBEAT_LINE,
+    JOB,
+    KILL_LINE,
+    KILLED,
+    NOT_STARTED,
+    REPLY,
+    REQUEST_PUT,
+    REQUEST_RUN,
+    STARTED,
+    STDERR,
+    STDOUT,
+    TERM_LINE,
+    record,
+)
 from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
@@ -103,10 +107,10 @@ class _Instance:
     def __init__(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         self.index = index
         self.proc = proc
-        self.pipes: dict[int, bytes] = {}  # open fd -> record kind (b"o" or b"e")
+        self.pipes: dict[int, bytes] = {}  # open fd -> record kind (STDOUT or STDERR)
         self.partial: dict[int, bytes] = {}
         self.reported = False
-        for stream, kind in ((proc.stdout, b"o"), (proc.stderr, b"e")):
+        for stream, kind in ((proc.stdout, STDOUT), (proc.stderr, STDERR)):
             if stream is not None:
                 self.pipes[stream.fileno()] = kind
                 self.partial[stream.fileno()] = b""
@@ -149,11 +153,11 @@ class Agent:
         failure = self.write_files()
         for spec in self.header.get("instances", []):
             if failure:
-                self.emit(b"f %d %s" % (spec["index"], failure.encode()))
+                self.emit(record(FAILED, spec["index"], failure.encode()))
             elif not self.stopping:
                 self.spawn(spec)
             else:
-                self.emit(b"n %d not started: stopping" % spec["index"])
+                self.emit(record(NOT_STARTED, spec["index"], b"not started: stopping"))
         self.handle_control()  # control lines that came with the header
 
     def write_files(self) -> str:
@@ -171,11 +175,11 @@ class Agent:
         except OSError as exc:
             what = str(spec["argv"][0] if exc.filename is None else exc.filename)
             why = f"cannot start {what!r}: {exc.strerror or exc}"
-            self.emit(b"f %d %s" % (spec["index"], why.encode()))
+            self.emit(record(FAILED, spec["index"], why.encode()))
             return
         inst = _Instance(int(spec["index"]), proc)
         self.instances.append(inst)
-        self.emit(b"p %d %d" % (inst.index, proc.pid))
+        self.emit(record(STARTED, inst.index, proc.pid))
         for fd in inst.pipes:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_READ, inst)
@@ -199,7 +203,7 @@ class Agent:
         for inst in self.instances:
             for fd in list(inst.pipes):
                 self.close_pipe(inst, fd)
-        self.emit(b"d")
+        self.emit(DONE)
         if self.in_open:
             os.set_blocking(self.out_fd, True)
             self.flush()
@@ -241,7 +245,7 @@ class Agent:
             if all(inst.reported for inst in self.instances) and not self.leftovers():
                 self.clean_at = now
         if now - self.sent >= self.heartbeat:
-            self.emit(b"h")
+            self.emit(HEARTBEAT_LINE)
         self.update_interest()
 
     def reap(self) -> None:
@@ -251,9 +255,9 @@ class Agent:
             if code is not None:
                 inst.reported = True
                 self.emit(
-                    b"k %d %d" % (inst.index, -code)
+                    record(KILLED, inst.index, -code)
                     if code < 0
-                    else b"x %d %d" % (inst.index, code)
+                    else record(EXITED, inst.index, code)
                 )
 
     # ------------------------------------------------------------ input
@@ -289,9 +293,9 @@ class Agent:
         while b"\n" in self.control:
             line, _, rest = bytes(self.control).partition(b"\n")
             self.control = bytearray(rest)
-            if line == b"term":
+            if line == TERM_LINE:
                 self.stop()
-            elif line == b"kill":
+            elif line == KILL_LINE:
                 self.signal_all(signal.SIGKILL)
 
     def read_pipe(self, inst: _Instance, fd: int) -> None:
@@ -448,13 +452,13 @@ def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
             data += chunk
         line, _, data = data.partition(b"\n")
         verb, _, body = line.partition(b" ")
-        if verb == b"job":
+        if verb == JOB:
             job: dict[str, Any] = json.loads(body)
             return job, data
-        if verb in (b"run", b"put"):
+        if verb in (REQUEST_RUN, REQUEST_PUT):
             request = json.loads(body)
-            answer = run_request(request) if verb == b"run" else put_request(request)
-            _write_all(1, b"R " + json.dumps(answer).encode() + b"\n")
+            answer = run_request(request) if verb == REQUEST_RUN else put_request(request)
+            _write_all(1, REPLY + b" " + json.dumps(answer).encode() + b"\n")
 
 
 def popen_in_session(

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from poprun_py.agent import protocol as P
 from poprun_py.agent.client import (
     HEARTBEAT,
     KILL_WAIT,
@@ -184,7 +185,7 @@ class RshRelay(Relay):
             with self.lock:
                 links = [s.link for s in self.sessions if s.link is not None]
             for link in links:
-                link.send(b"h")
+                link.send(P.HEARTBEAT_LINE)
 
     def claim(self, name: str) -> tuple[str, AgentConnection]:
         """The plan host Open MPI calls ``name`` and its agent, now taken for one daemon;
@@ -277,24 +278,23 @@ class _Session:
             data = b""
         if not data:
             self.shim_open = False
-            link.send(b"term")
+            link.send(P.TERM_LINE)
 
     def record(self, link: AgentLink, record: bytes) -> None:
         """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
-        kind, _, rest = record.partition(b" ")
-        number, _, text = rest.partition(b" ")
-        if kind == b"d":
+        kind, index, text = P.parse(record)
+        if kind == P.DONE:
             link.done = True
-        elif number != b"0":
+        elif index != 0:
             return  # a heartbeat, or noise
-        elif kind in (b"o", b"e"):
-            self.tell(kind + b" " + text)
-        elif kind == b"x" and text.isdigit():
+        elif kind in (P.STDOUT, P.STDERR):  # the shim's records: o/e TEXT, x CODE
+            self.tell((b"o " if kind == P.STDOUT else b"e ") + text)
+        elif kind == P.EXITED and text.isdigit():
             self.tell(b"x " + text)
-        elif kind == b"k" and text.isdigit():
+        elif kind == P.KILLED and text.isdigit():
             self.tell(b"x %d" % (128 + int(text)))
-        elif kind in (b"f", b"n"):
-            self.fail(text.decode("utf-8", "replace"), 127 if kind == b"f" else 255)
+        elif kind in (P.FAILED, P.NOT_STARTED):
+            self.fail(text.decode("utf-8", "replace"), 127 if kind == P.FAILED else 255)
 
     def tell(self, line: bytes) -> None:
         """Send one record to the shim; a shim that is gone is noted, not an error."""
@@ -305,7 +305,7 @@ class _Session:
         except OSError:
             self.shim_open = False
             if self.link is not None:
-                self.link.send(b"term")
+                self.link.send(P.TERM_LINE)
 
     def fail(self, message: str, code: int) -> None:
         """Tell the shim why it cannot go on, and its exit code."""
@@ -322,4 +322,4 @@ class _Session:
     def stop(self) -> None:
         """The launch is over: tell the agent to stop whatever is left of its daemon."""
         if self.link is not None and not self.link.done:
-            self.link.send(b"term")
+            self.link.send(P.TERM_LINE)

@@ -39,9 +39,9 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from poprun_py.agent import protocol as P
 from poprun_py.agent.client import (
     HEARTBEAT,
-    INSTANCE_RECORDS,
     KILL_WAIT,
     LIVENESS,
     START_TIMEOUT,
@@ -243,7 +243,7 @@ class SshRun:
         """Heartbeats to every agent, from a thread of their own: a main loop held up by a
         slow terminal must not make the agents think poprun-py is gone."""
         while not stop.wait(self.timing.heartbeat):
-            self.send(b"h")
+            self.send(P.HEARTBEAT_LINE)
 
     def timeout(self) -> float:
         """Seconds until the next liveness check or stop deadline (at most one heartbeat)."""
@@ -266,23 +266,21 @@ class SshRun:
 
     def record(self, link: AgentLink, record: bytes) -> None:
         """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
-        kind, _, rest = record.partition(b" ")
-        if kind == b"d":
+        kind, index, text = P.parse(record)
+        if kind == P.DONE:
             self.forget(link)
             return
-        number, _, text = rest.partition(b" ")
-        if kind not in INSTANCE_RECORDS or not number.isdigit() or int(number) not in link.indexes:
+        if index not in link.indexes:
             return  # a heartbeat, or noise
-        index = int(number)
-        if kind in (b"o", b"e"):
-            self.output.emit(index, "stdout" if kind == b"o" else "stderr", text)
-        elif kind == b"p":
+        if kind in (P.STDOUT, P.STDERR):
+            self.output.emit(index, "stdout" if kind == P.STDOUT else "stderr", text)
+        elif kind == P.STARTED:
             self.started[index] = time.time()
-        elif kind in (b"x", b"k") and text.isdigit():
-            self.exited(index, int(text), by_signal=kind == b"k")
-        elif kind in (b"f", b"n"):
+        elif kind in (P.EXITED, P.KILLED) and text.isdigit():
+            self.exited(index, int(text), by_signal=kind == P.KILLED)
+        elif kind in (P.FAILED, P.NOT_STARTED):
             detail = text.decode("utf-8", "replace")
-            state, code = ("exited", 127) if kind == b"f" else ("not-started", None)
+            state, code = ("exited", 127) if kind == P.FAILED else ("not-started", None)
             self.finish(InstanceResult(index, link.host, code, None, state, detail=detail))
 
     def exited(self, index: int, value: int, by_signal: bool) -> None:
@@ -326,7 +324,7 @@ class SshRun:
         """SIGTERM everywhere now; SIGKILL after the grace period."""
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.timing.grace
-            self.send(b"term")
+            self.send(P.TERM_LINE)
 
     def send(self, line: bytes) -> None:
         """Send a control line to every live agent."""
@@ -345,7 +343,7 @@ class SshRun:
                 self.lose(link, link.why_lost(silence))
         if self.kill_at is not None and now >= self.kill_at and self.lose_at is None:
             self.lose_at = now + KILL_WAIT
-            self.send(b"kill")
+            self.send(P.KILL_LINE)
         if self.lose_at is not None and now >= self.lose_at:
             now_wall = time.time()
             for link in self.links.values():

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent import host as remote_agent
-from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_binding
+from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_modules
 from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
@@ -276,7 +276,7 @@ def _environ(pid: str) -> bytes:
 @pytest.mark.parametrize("form", ["compiled", "other magic", "source only"])
 def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
     args, payload = agent_payload()
-    source = inline_binding(Path(remote_agent.__file__).read_bytes())
+    source = inline_modules(Path(remote_agent.__file__).read_bytes())
     assert payload.endswith(source) and b"import poprun_py" not in source
     assert b"from poprun_py" not in source  # the host has no poprun_py: binding is inlined
     if form == "compiled":  # the same magic: the compiled agent runs, the source is not used

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent import host as remote_agent
-from poprun_py.agent.client import Timing, agent_payload, inline_binding
+from poprun_py.agent.client import Timing, agent_payload, inline_modules
 from poprun_py.backends.ssh import _host_header
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import binds, make_plan
@@ -116,7 +116,7 @@ def test_spawner_binds_posix_spawn_and_popen_children_and_restores_itself() -> N
 
 
 def test_the_agent_ships_the_binding_module_inlined_and_runs_on_old_pythons() -> None:
-    source = inline_binding(Path(remote_agent.__file__).read_bytes())
+    source = inline_modules(Path(remote_agent.__file__).read_bytes())
     assert b"from poprun_py" not in source and b"def bound(" in source
     assert source.count(b"from __future__ import annotations") == 1
     tree = ast.parse(source, feature_version=(3, 7))  # the agent runs on any Python 3.7+
@@ -125,7 +125,7 @@ def test_the_agent_ships_the_binding_module_inlined_and_runs_on_old_pythons() ->
 
 
 def test_the_agent_source_alone_runs_without_poprun_py(tmp_path: Path) -> None:
-    source = inline_binding(Path(remote_agent.__file__).read_bytes()).decode()
+    source = inline_modules(Path(remote_agent.__file__).read_bytes()).decode()
     code = "import sys; sys.argv = ['agent']; exec(compile(sys.stdin.read(), 'agent', 'exec'))"
     env = {"PATH": os.environ["PATH"]}
     out = subprocess.run(

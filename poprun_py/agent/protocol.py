@@ -1,0 +1,72 @@
+"""The agent protocol, specified once: what poprun-py and the per-host agent
+(:mod:`poprun_py.agent.host`) say to each other over the agent's SSH channel, one record a line.
+Both sides use these names; the agent ships alone, so this module (plain assignments only, the
+standard library's Python 3.7) is pasted into its source in place of its import
+(:func:`poprun_py.agent.client.agent_payload`).
+
+poprun-py to the agent (its stdin):
+
+1. any number of requests, each answered ``R {json}`` before the next is read:
+   ``run {json}`` (preflight's checks: ``argv``, ``timeout``, ``env``, ``cwd``, ``stdin``;
+   answered with ``code``, ``stdout``, ``stderr``, ``timeout``) and ``put {json}`` (``files``:
+   ``path``/``text`` objects written mode 0600, as the MPI backends stage a job; answered with
+   ``error``, '' when all went well);
+2. ``job {json}``: the host's part of the job (``files``, ``instances`` -- ``index``, ``argv``,
+   ``env``, ``cwd``, and ``cpus``/``mems`` when bound -- and the timings);
+3. control lines: ``h`` (heartbeat), ``term`` (SIGTERM now, SIGKILL after the grace period),
+   ``kill`` (SIGKILL now). End of input means poprun-py is gone: stop everything.
+
+The agent to poprun-py (its stdout), about the job::
+
+    h              heartbeat, after ``heartbeat`` seconds without any other record
+    p IDX PID      instance IDX started; PID is also its process group and session id
+    o IDX TEXT     one line of its stdout (e: stderr), without the newline
+    x IDX CODE     it exited with CODE          k IDX SIG   it was killed by signal SIG
+    f IDX TEXT     it could not be started (TEXT says why)
+    n IDX TEXT     it was not started: the agent was told to stop first
+    d              every instance has ended and nothing is left; the agent exits
+
+Example:
+
+    >>> record(EXITED, 3, 0)
+    b'x 3 0'
+    >>> parse(b"o 3 hello world")
+    (b'o', 3, b'hello world')
+"""
+
+# the agent's Python may be 3.7: annotations stay strings
+from __future__ import annotations
+
+REQUEST_RUN = b"run"
+REQUEST_PUT = b"put"
+REPLY = b"R"
+JOB = b"job"
+
+HEARTBEAT_LINE = b"h"
+TERM_LINE = b"term"
+KILL_LINE = b"kill"
+
+STARTED = b"p"
+STDOUT = b"o"
+STDERR = b"e"
+EXITED = b"x"
+KILLED = b"k"
+FAILED = b"f"
+NOT_STARTED = b"n"
+DONE = b"d"
+INSTANCE_RECORDS = frozenset((STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED))
+
+
+def record(kind: bytes, index: int, value: int | bytes) -> bytes:
+    """One instance record: ``KIND IDX VALUE`` (VALUE an int, or bytes)."""
+    tail = value if isinstance(value, bytes) else b"%d" % value
+    return b"%s %d %s" % (kind, index, tail)
+
+
+def parse(line: bytes) -> tuple[bytes, int, bytes]:
+    """An instance record as (kind, index, rest); index -1 when the line is no such record."""
+    kind, _, rest = line.partition(b" ")
+    number, _, text = rest.partition(b" ")
+    if kind not in INSTANCE_RECORDS or not number.isdigit():
+        return kind, -1, rest
+    return kind, int(number), text

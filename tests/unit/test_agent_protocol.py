@@ -1,0 +1,28 @@
+"""The agent protocol is written once (poprun_py/agent/protocol.py) and shipped with the agent."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from poprun_py.agent import host as remote_agent
+from poprun_py.agent import protocol as P
+from poprun_py.agent.client import inline_modules
+
+
+def test_records_round_trip() -> None:
+    for kind in P.INSTANCE_RECORDS:
+        assert P.parse(P.record(kind, 7, b"some text")) == (kind, 7, b"some text")
+    assert P.parse(P.record(P.EXITED, 0, 3)) == (P.EXITED, 0, b"3")
+    assert P.parse(P.HEARTBEAT_LINE)[1] == -1 and P.parse(P.DONE)[0] == P.DONE
+    assert P.parse(b"o x noise")[1] == -1
+
+
+def test_the_shipped_agent_carries_the_protocol_module_itself() -> None:
+    source = inline_modules(Path(remote_agent.__file__).read_bytes())
+    assert b"from poprun_py" not in source
+    tree = ast.parse(source, feature_version=(3, 7))
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"record", "parse", "bound"} <= defined
+    protocol = Path(P.__file__).read_text()
+    assert protocol.split('"""', 2)[2].split("def record")[0].strip() in source.decode()
