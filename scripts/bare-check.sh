@@ -20,8 +20,9 @@
 # mount of itself: `ip netns exec` runs `mount --make-rslave /`), proc, sys, dev, dev/pts, a
 # tmpfs on /run, the host's resolv.conf, and the host's CA bundle (this workplace inspects TLS:
 # the package registries answer only with the host's CA) for pip (/etc/pip.conf `cert =`) and
-# apt (Acquire::https::CAInfo). The commands run with a clean environment (env -i), so nothing
-# of the host's Python set-up leaks in; CI is passed through when set. Test hosts made inside
+# apt (Acquire::https::CAInfo), and an /etc/hosts as an installed machine has (debootstrap
+# writes none). The commands run with a clean environment (env -i), so nothing of the host's
+# Python set-up leaks in; CI is passed through when set. Test hosts made inside
 # share this machine's network stack: the chroot takes the host's test-host lock, so subnets
 # are not picked twice. Everything is unmounted on exit, also on failure or Ctrl-C; processes
 # left inside the root are stopped first.
@@ -169,6 +170,9 @@ touch "$HOST_LOCK_DIR/.lock" "$root$HOST_LOCK_DIR/.lock"
 mount --bind "$HOST_LOCK_DIR/.lock" "$root$HOST_LOCK_DIR/.lock"
 
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap writes no /etc/hosts; an installed machine has this one (the test hosts add theirs)
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+    "$(hostname)" >"$root/etc/hosts"
 cp "$HOST_CA" "$root/etc/ssl/host-ca.crt"
 cp "$HOST_CA" "$root/etc/ssl/certs/ca-certificates.crt"
 printf '[global]\ncert = /etc/ssl/host-ca.crt\n' >"$root/etc/pip.conf"
@@ -211,7 +215,8 @@ step() {  # step LABEL USER COMMAND...; output also in $work/logs/<n>.log
     chroot "${how[@]}" "$root" env -i HOME="$home" USER="$user" LOGNAME="$user" \
         PATH="$CHROOT_PATH" LANG=C.UTF-8 TERM="${TERM:-dumb}" "${ci_env[@]}" \
         /bin/bash -c 'cd "$HOME/poprun-py" && "$@"' bash "$@" 2>&1 |
-        tee "$work/logs/$steps.log" || rc=${PIPESTATUS[0]}
+        tee "$work/logs/$steps.log" &
+    wait "$!" || rc=$?  # (pipefail: the command's code) in the background: a signal is seen at once
     results+=("$(printf '%-34s %7s s  exit %d' "$label" "$(elapsed "$t0")" "$rc")")
     log "$label: exit $rc"
     [ "$rc" -eq 0 ] || failed=1
