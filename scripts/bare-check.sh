@@ -7,25 +7,26 @@
 # HEAD into it (committed work only: uncommitted changes are not in the check), and runs
 # inside it with chroot:
 #
-#   as root:            scripts/example.sh (first run: creates .venv, installs),
+#   as an ordinary user (its own clone in its home), first, as on a fresh machine:
+#                       scripts/example.sh (first run: creates .venv, installs),
 #                       scripts/example.sh again (must not run pip),
+#                       scripts/test.sh    (tests needing root or missing packages skip);
+#   as root:            scripts/example.sh,
 #                       scripts/test.sh    (installs the Debian packages, the whole suite);
-#   as an ordinary user (its own clone in its home):
-#                       scripts/example.sh, and scripts/test.sh (tests needing root skip).
 #
 # and prints the wall time and exit code of each, then the total. Exit code: 0 when every
 # step succeeded, else 1.
 #
 # The chroot gets what the tests need of a real machine: its root is a mount point (a bind
-# mount of itself: `ip netns exec` runs `mount --make-rslave /`), proc, sys, dev, dev/pts, a
-# tmpfs on /run, the host's resolv.conf, and the host's CA bundle (this workplace inspects TLS:
-# the package registries answer only with the host's CA) for pip (/etc/pip.conf `cert =`) and
-# apt (Acquire::https::CAInfo), and an /etc/hosts as an installed machine has (debootstrap
-# writes none). The commands run with a clean environment (env -i), so nothing of the host's
-# Python set-up leaks in; CI is passed through when set. Test hosts made inside
-# share this machine's network stack: the chroot takes the host's test-host lock, so subnets
-# are not picked twice. Everything is unmounted on exit, also on failure or Ctrl-C; processes
-# left inside the root are stopped first.
+# mount of itself: `ip netns exec` runs `mount --make-rslave /`), proc, sys (with its cgroup
+# mounts: slurmd needs them), dev, dev/pts, dev/shm, a tmpfs on /run, the host's resolv.conf,
+# an /etc/hosts as an installed machine has (debootstrap writes none), and the host's CA
+# bundle (this workplace inspects TLS: the package registries answer only with the host's CA)
+# for pip (/etc/pip.conf `cert =`) and apt (Acquire::https::CAInfo). The commands run with a
+# clean environment (env -i), so nothing of the host's Python set-up leaks in; CI is passed
+# through when set. Test hosts made inside share this machine's network stack: the chroot
+# takes the host's test-host lock, so subnets are not picked twice. Everything is unmounted on
+# exit, also on failure or Ctrl-C; processes left inside the root are stopped first.
 #
 # Needs root. Network: only the Debian mirror (apt, debootstrap) and PyPI (pip).
 # Ubuntu 24.04 cannot be built here (no Ubuntu mirror is reachable); the scripts under test
@@ -160,9 +161,11 @@ mount --bind "$root" "$root"
 mounted+=("$root")
 mount --make-private "$root"  # nothing mounted inside propagates to the host, nor back
 mount -t proc proc "$root/proc"
-mount -t sysfs sysfs "$root/sys"
+mount --rbind /sys "$root/sys"  # with /sys/fs/cgroup: slurmd refuses to start without it
+mount --make-rslave "$root/sys"
 mount --bind /dev "$root/dev"
 mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
+mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=0755 tmpfs "$root/run"
 # the host's test-host lock: host and chroot sessions share one network stack (subnets)
 mkdir -p "$HOST_LOCK_DIR" "$root$HOST_LOCK_DIR"
@@ -212,7 +215,9 @@ step() {  # step LABEL USER COMMAND...; output also in $work/logs/<n>.log
     log "== $label"
     t0=$(date +%s.%N)
     # shellcheck disable=SC2016  # $HOME and $@ expand inside the chroot
-    chroot "${how[@]}" "$root" env -i HOME="$home" USER="$user" LOGNAME="$user" \
+    # (env --default-signal: a background job starts with SIGINT and SIGQUIT ignored, which
+    # its children would inherit: the tests send SIGINT)
+    chroot "${how[@]}" "$root" env --default-signal=INT,QUIT -i HOME="$home" USER="$user" LOGNAME="$user" \
         PATH="$CHROOT_PATH" LANG=C.UTF-8 TERM="${TERM:-dumb}" "${ci_env[@]}" \
         /bin/bash -c 'cd "$HOME/poprun-py" && "$@"' bash "$@" 2>&1 |
         tee "$work/logs/$steps.log" &
@@ -224,17 +229,19 @@ step() {  # step LABEL USER COMMAND...; output also in $work/logs/<n>.log
 }
 
 read -r -a extra <<<"$example_args"
+# an ordinary user first, as on a fresh machine; then root (which also installs the packages)
+step "$USER_NAME: example.sh (first run)" "$USER_NAME" scripts/example.sh "${extra[@]}"
+step "$USER_NAME: example.sh (second run)" "$USER_NAME" scripts/example.sh "${extra[@]}"
+fast_path=$steps
+$quick || step "$USER_NAME: test.sh" "$USER_NAME" scripts/test.sh
 step "root: example.sh (first run)" root scripts/example.sh "${extra[@]}"
-step "root: example.sh (second run)" root scripts/example.sh "${extra[@]}"
+$quick || step "root: test.sh" root scripts/test.sh
 # the fast path: the second run must not have created the venv nor run pip
-if grep -q '^venv: \(creating\|installing\)' "$work/logs/2.log"; then
+if grep -q '^venv: \(creating\|installing\)' "$work/logs/$fast_path.log"; then
     log "FAIL: the second example.sh run set up .venv again"
-    results+=("  (second run re-ran venv set-up: FAIL)")
+    results+=("(the second example.sh run set up .venv again: FAIL)")
     failed=1
 fi
-$quick || step "root: test.sh" root scripts/test.sh
-step "$USER_NAME: example.sh (first run)" "$USER_NAME" scripts/example.sh "${extra[@]}"
-$quick || step "$USER_NAME: test.sh" "$USER_NAME" scripts/test.sh
 
 echo
 echo "bare-check: Debian 12 ($SUITE minbase), HEAD ${head:0:12}, logs in $work/logs (with --keep)"
