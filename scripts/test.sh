@@ -36,4 +36,4 @@ echo "== ruff"
 echo "== mypy --strict"
 "$VENV_PYTHON" -m mypy poprun_py
 echo "== pytest"
-exec "$VENV_PYTHON" -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"
+exec "$VENV_PYTHON" -m pytest -q -rfEs -p no:cacheprovider --durations=15 "$@"
