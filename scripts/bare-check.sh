@@ -166,6 +166,7 @@ mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"  # with /sys/fs/cgroup: slurmd refuses to start without it
 mount --make-rslave "$root/sys"
 mount --bind /dev "$root/dev"
+mount --make-slave "$root/dev"  # (a bind of a shared mount is shared: keep pts and shm here)
 mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
 mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=0755 tmpfs "$root/run"
@@ -173,6 +174,7 @@ mount -t tmpfs -o mode=0755 tmpfs "$root/run"
 mkdir -p "$HOST_LOCK_DIR" "$root$HOST_LOCK_DIR"
 touch "$HOST_LOCK_DIR/.lock" "$root$HOST_LOCK_DIR/.lock"
 mount --bind "$HOST_LOCK_DIR/.lock" "$root$HOST_LOCK_DIR/.lock"
+mount --make-slave "$root$HOST_LOCK_DIR/.lock"
 
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # debootstrap writes no /etc/hosts; an installed machine has this one (the test hosts add theirs)
