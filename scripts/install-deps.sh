@@ -51,7 +51,7 @@ fi
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: not root; missing Debian packages: ${missing[*]}" >&2
-    echo "install-deps: as root run: apt-get install ${missing[*]}" >&2
+    echo "install-deps: as root run: apt-get install ${missing[*]} (until then, the tests that use them fail or skip)" >&2
     exit 0
 fi
 
