@@ -47,7 +47,18 @@ __all__ = [
     "sync_root",
 ]
 
-JOBS_ROOT = "/tmp/poprun-py/jobs"
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry, no LOGNAME: the uid names the user
+        return str(os.getuid())
+
+
+JOBS_ROOT = f"/tmp/poprun-py-{_user()}/jobs"
+"""Where job directories go without ``--output-dir``: one tree per user (a tree another user
+made first would not be writable), the same path on every host."""
 
 
 def job_dir_for(plan: LaunchPlan, output_dir: str | None) -> str:

@@ -52,12 +52,12 @@ from poprun_py.errors import ProvisionError
 from poprun_py.process.commands import command_output, last_line
 from poprun_py.process.proctree import alive
 from poprun_py.providers.netns_files import (
-    ETC_HOSTS,
     HOSTS_MARKER,
     SSH_PORT,
     TestCluster,
     TestHost,
     add_hosts_lines,
+    etc_hosts_lines,
     remove_hosts_lines,
     ssh_config_text,
     write_known_hosts,
@@ -239,7 +239,7 @@ def _free_subnet_index(state_root: Path) -> int:
 
 def _hosts_file_names() -> set[str]:
     names: set[str] = set()
-    for line in ETC_HOSTS.read_text().splitlines():
+    for line in etc_hosts_lines():
         names.update(line.split("#", 1)[0].split()[1:])
     return names
 

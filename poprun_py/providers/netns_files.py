@@ -108,8 +108,16 @@ def rewrite_etc_hosts(lines: list[str]) -> None:
         os.fsync(handle.fileno())
 
 
+def etc_hosts_lines() -> list[str]:
+    """The lines of /etc/hosts (none when a bare root has no such file)."""
+    try:
+        return ETC_HOSTS.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return []
+
+
 def add_hosts_lines(cluster: TestCluster) -> None:
-    lines = ETC_HOSTS.read_text().splitlines(keepends=True)
+    lines = etc_hosts_lines()
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     tag = marker(cluster.name)
@@ -118,7 +126,7 @@ def add_hosts_lines(cluster: TestCluster) -> None:
 
 
 def remove_hosts_lines(cluster: str) -> None:
-    lines = ETC_HOSTS.read_text().splitlines(keepends=True)
+    lines = etc_hosts_lines()
     kept = [line for line in lines if not is_cluster_line(line, cluster)]
     if len(kept) != len(lines):
         rewrite_etc_hosts(kept)
