@@ -151,10 +151,10 @@ class MpiexecBackend(Defaults):
         """Hydra must be on PATH here (a preflight fault, exit 3, before any host is asked).
         Remote: one agent per host, which runs preflight, stages the job's files and starts
         hydra's proxy."""
-        check_hydra(HYDRA)
+        tools = {HYDRA: MPIEXEC_MISSING}
         if prep.plan.cluster.all_local:
-            return LocalSession(self, tools=(HYDRA,))
-        return RemoteSession(prep, settings, MpiexecBackend, stages=True)
+            return LocalSession(self, tools=tools)
+        return RemoteSession(prep, settings, MpiexecBackend, stages=True, tools=tools)
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run hydra under supervision, report every rank."""

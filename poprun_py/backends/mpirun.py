@@ -196,8 +196,9 @@ class MpirunBackend(Defaults):
         """Here: mpirun must be on PATH. Remote: one agent per host, which runs preflight,
         stages the job's files and starts Open MPI's daemons."""
         if prep.plan.cluster.all_local:
-            return LocalSession(self, tools=("mpirun",))
-        return RemoteSession(prep, settings, MpirunBackend, stages=True)
+            return LocalSession(self, tools={"mpirun": MPIRUN_MISSING})
+        tools = {"mpirun": MPIRUN_MISSING}
+        return RemoteSession(prep, settings, MpirunBackend, stages=True, tools=tools)
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run mpirun under supervision, report every rank."""

@@ -75,18 +75,12 @@ def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Pre
 class LocalSession:
     """Every instance runs on this machine: preflight checks the tools here."""
 
-    def __init__(self, runner: Runner, tools: Sequence[str] = ()):
-        self.runner, self.tools = runner, tuple(tools)
+    def __init__(self, runner: Runner, tools: Mapping[str, str] | None = None):
+        self.runner, self.tools = runner, dict(tools or {})
 
     def preflight(self, prep: Prepared) -> Checked:
         """The launcher's tools are on PATH; the topology is this machine's."""
-        faults = [
-            Fault("localhost", "tools", f"{tool} not found on PATH")
-            for tool in self.tools
-            if shutil.which(tool) is None
-        ]
-        if faults:
-            raise PreflightError(faults)
+        check_tools(self.tools)
         return Checked(prep, local_topologies(prep))
 
     def sync(self, paths: Sequence[str]) -> None:
@@ -102,6 +96,16 @@ class LocalSession:
 
     def close(self) -> None:
         """Nothing is held."""
+
+
+def check_tools(tools: Mapping[str, str]) -> None:
+    """PreflightError (exit 3, nothing started) naming every tool missing on this machine
+    (``tools``: name -> what to say when it is missing)."""
+    faults = [
+        Fault("localhost", tool, why) for tool, why in tools.items() if not shutil.which(tool)
+    ]
+    if faults:
+        raise PreflightError(faults)
 
 
 def check_numactl(job: RenderedJob) -> None:
@@ -122,7 +126,8 @@ class RemoteSession:
     """One connection and one agent per host, shared by preflight, sync, staging and the job.
 
     ``runner_for`` makes the runner from the agents (the ssh backend runs the job on them, the
-    mpirun backend starts Open MPI's daemons through them); ``stages`` says whether the job's
+    mpirun backend starts Open MPI's daemons through them); ``tools`` must be on this machine's
+    PATH (the launcher: mpirun, mpiexec.hydra); ``stages`` says whether the job's
     files must be written through the agents before it starts (the ssh backend's agents write
     them as part of the job)."""
 
@@ -132,6 +137,7 @@ class RemoteSession:
         settings: RunSettings,
         runner_for: Callable[[AgentPool], Runner],
         stages: bool,
+        tools: Mapping[str, str] | None = None,
     ):
         from poprun_py.agent.client import AgentPool
         from poprun_py.ssh.transport import ConnectionPool
@@ -140,7 +146,7 @@ class RemoteSession:
             list(prep.plan.cluster.hosts), ssh_settings(prep, settings)
         )
         self.agents: AgentPool = AgentPool(self.pool)
-        self.runner_for, self.stages = runner_for, stages
+        self.runner_for, self.stages, self.tools = runner_for, stages, dict(tools or {})
         self.backend = prep.backend
         self.templates = prep.templates
         self.report: PreflightReport | None = None
@@ -149,6 +155,7 @@ class RemoteSession:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
         from poprun_py.launch.preflight import preflight
 
+        check_tools(self.tools)  # the launcher runs here: before any host is contacted
         self._warm_up_renderer()  # while preflight waits for the hosts
         report = preflight(self.agents, prep.plan)
         self.report = report

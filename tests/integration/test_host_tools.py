@@ -71,6 +71,7 @@ def launch(
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.old_pythons
 def test_agent_runs_on_the_oldest_python_and_refuses_an_older_one(
     make_test_cluster: MakeCluster, tmp_path: Path
 ) -> None:
@@ -124,3 +125,29 @@ def test_a_tool_missing_on_one_of_several_hosts_is_reported_for_that_host(
     assert cluster.hosts[0].name not in both.stderr
     assert "ran on" not in both.stdout
     assert settled(cluster) == {}
+
+
+@pytest.mark.parametrize(
+    ("backend", "tool", "install"),
+    [("mpirun", "mpirun", "Open MPI (Debian: openmpi-bin)"),
+     ("mpiexec", "mpiexec.hydra", "MPICH (Debian: mpich)")],
+)  # fmt: skip
+def test_a_launcher_missing_here_is_a_preflight_fault_before_any_host_is_contacted(
+    make_test_cluster: MakeCluster, tmp_path: Path, backend: str, tool: str, install: str
+) -> None:
+    from tests.integration.helpers import sessions_started
+
+    cluster = make_test_cluster(2, "m")
+    bare_path = tmp_path / "bin"  # python, and nothing else: no mpirun, no mpiexec.hydra
+    bare_path.mkdir()
+    (bare_path / "python3").symlink_to(sys.executable)
+    before = sessions_started(cluster)
+    argv = [sys.executable, "-m", "poprun_py", "launch", "-b", backend, "--ssh-config",
+            str(cluster.ssh_config), "--hosts", ",".join(cluster.host_names),
+            "--", "true"]  # fmt: skip
+    env = {"PATH": str(bare_path), "HOME": str(tmp_path)}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert proc.returncode == 3, proc.stderr
+    line = f"preflight failed on localhost: {tool}: {tool} not found on PATH; install {install}"
+    assert proc.stderr.splitlines() == [f"poprun-py: error: {line}; nothing was started"]
+    assert sessions_started(cluster) == before  # no login session on any host
