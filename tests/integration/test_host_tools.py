@@ -48,7 +48,7 @@ def old_python(version: str) -> Path:
 def mount_over(host: TestHost, source: Path, target: Path) -> None:
     """Bind-mount ``source`` over ``target`` in ``host``'s mount namespace only."""
     subprocess.run(
-        ["nsenter", f"--target={host.sshd_pid}", "--mount", "--",
+        ["nsenter", f"--target={host.sshd_pid}", "--mount", "--root", "--",
          "mount", "--bind", str(source), str(target)],
         check=True,
     )  # fmt: skip

@@ -66,7 +66,8 @@ def test_launch_without_output_dir_stages_its_job_files_on_every_node(
     argv = [sys.executable, "-m", "poprun_py", "launch", "--backend", "slurm",
             "--hosts", ",".join(nodes), "-n", "3", "--no-numa-aware", "--time", "5",
             "--input", str(data / "*.txt"), "--", "sh", "-c", show]  # fmt: skip
-    before = set(Path("/tmp").glob("poprun-tmp-poprun-py-jobs-*"))
+    staged = "poprun" + JOBS_ROOT.replace("/", "-")  # the stage path srun.j2 derives from it
+    before = set(Path("/tmp").glob(f"{staged}-*"))
     proc = subprocess.run(argv, env=slurm_env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=90, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -76,9 +77,9 @@ def test_launch_without_output_dir_stages_its_job_files_on_every_node(
     for host, index, rank, actual, shard, files in sorted(found, key=lambda f: f[1]):
         assert (host, index, rank, actual) == (nodes[int(index)], index, index, nodes[int(index)])
         # the job directory was not there: the task wrote its shard beside the staged script
-        assert re.fullmatch(rf"/tmp/poprun-tmp-poprun-py-jobs-\S+\.shard-{index}\.txt", shard)
+        assert re.fullmatch(rf"/tmp/{re.escape(staged)}-\S+\.shard-{index}\.txt", shard)
         shards += [f for f in files.split(",") if f]
     assert sorted(shards) == sorted(str(p) for p in data.glob("*.txt"))  # each file once
-    left = set(Path("/tmp").glob("poprun-tmp-poprun-py-jobs-*")) - before
+    left = set(Path("/tmp").glob(f"{staged}-*")) - before
     assert left == set(), "staged files left on the nodes"
     assert "warning" not in proc.stderr
