@@ -32,7 +32,8 @@ from installed import compile_package, console_script  # noqa: E402
 
 from poprun_py.core.spec import HostSpec  # noqa: E402
 from poprun_py.providers.netns import TestCluster, create_cluster, destroy_cluster  # noqa: E402
-from poprun_py.ssh.transport import ConnectionPool, SshSettings  # noqa: E402
+from poprun_py.ssh.pool import ConnectionPool  # noqa: E402
+from poprun_py.ssh.settings import SshSettings  # noqa: E402
 from tests.hostfixtures import session_tag  # noqa: E402
 
 FABRIC = (

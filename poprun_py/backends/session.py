@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.transport import ConnectionPool, SshSettings
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import SshSettings
 
 NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
 
@@ -134,7 +135,7 @@ class RemoteSession:
         stages: bool,
     ):
         from poprun_py.agent.client import AgentPool
-        from poprun_py.ssh.transport import ConnectionPool
+        from poprun_py.ssh.pool import ConnectionPool
 
         self.pool: ConnectionPool = ConnectionPool(
             list(prep.plan.cluster.hosts), ssh_settings(prep, settings)

@@ -18,7 +18,9 @@ from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
 from poprun_py.launch.preflight import preflight
 from poprun_py.providers.netns import TestCluster
-from poprun_py.ssh.transport import ConnectionPool, RemoteTimeout, SshSettings
+from poprun_py.ssh.errors import RemoteTimeout
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.integration.helpers import sshd_log_count
 
 pytestmark = pytest.mark.hosts

@@ -1,0 +1,143 @@
+"""Connections to many hosts (:class:`ConnectionPool`): opened in parallel, each in its own worker
+(which also resolves that host's ssh configuration), and reused for everything a launch does
+(preflight, sync, exec, launch). Hosts behind the same jump host share one connection to it.
+
+Example::
+
+    with ConnectionPool(hosts, SshSettings(known_hosts=Path("known_hosts"))) as pool:
+        pool.open_all()          # PreflightError listing every host that cannot be used
+        outcomes = pool.map(lambda conn: conn.run(["hostname"]))
+
+    >>> ConnectionPool([], SshSettings()).connect_all()
+    {}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, TypeVar
+
+from poprun_py.core.spec import HostSpec
+from poprun_py.errors import PreflightError, UsageError
+from poprun_py.ssh.connect import Context, connect
+from poprun_py.ssh.connection import Connection
+from poprun_py.ssh.errors import TransportError
+from poprun_py.ssh.settings import SshSettings
+
+T = TypeVar("T")
+
+
+class ConnectionPool:
+    """Connections to many hosts, opened in parallel and reused; a context manager."""
+
+    def __init__(self, hosts: Sequence[HostSpec], settings: SshSettings, max_workers: int = 64):
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise UsageError("a host is listed twice")
+        self.hosts = tuple(hosts)
+        self.settings = settings
+        self.connections: dict[str, Connection] = {}
+        self.errors: dict[str, TransportError] = {}
+        self._context = Context(settings)
+        self._workers = max(1, min(max_workers, len(self.hosts)))
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def resolve_seconds(self) -> dict[str, float]:
+        """What resolving each host's (and jump host's) ssh configuration took."""
+        return dict(self._context.resolver.seconds)
+
+    def __enter__(self) -> ConnectionPool:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _parallel(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | BaseException]:
+        if not items:
+            return []
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="poprun-ssh")
+        futures = [self._executor.submit(fn, item) for item in items]
+        outcomes: list[T | BaseException] = []
+        for future in futures:
+            try:
+                outcomes.append(future.result())
+            except BaseException as exc:  # keep every host's outcome
+                outcomes.append(exc)
+        return outcomes
+
+    def _open(self, host: HostSpec) -> Connection:
+        """The host's connection, opened now if needed; failures are remembered in ``errors``."""
+        with self._lock:
+            conn = self.connections.get(host.name)
+        if conn is not None:
+            return conn
+        try:
+            conn = connect(host, self.settings, self._context)
+        except TransportError as exc:
+            with self._lock:
+                self.errors[host.name] = exc
+            raise
+        with self._lock:
+            self.connections[host.name] = conn
+            self.errors.pop(host.name, None)
+        return conn
+
+    def connect_all(self) -> dict[str, TransportError]:
+        """Open every host not yet open; return the hosts that failed, with why."""
+        todo = [h for h in self.hosts if h.name not in self.connections]
+        failed: dict[str, TransportError] = {}
+        for host, outcome in zip(todo, self._parallel(self._open, todo), strict=True):
+            if isinstance(outcome, TransportError):
+                failed[host.name] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return failed
+
+    def open_all(self) -> dict[str, Connection]:
+        """Open every host; raise PreflightError with one fault per host that cannot be used."""
+        failed = self.connect_all()
+        if failed:
+            raise PreflightError([failed[h.name].fault() for h in self.hosts if h.name in failed])
+        return dict(self.connections)
+
+    def map(
+        self,
+        fn: Callable[[Connection], T],
+        hosts: Iterable[str] | None = None,
+        *,
+        connect: bool = False,
+    ) -> dict[str, T | BaseException]:
+        """``fn`` on every open connection (or those of ``hosts``) in parallel; every outcome.
+
+        With ``connect``, hosts not yet open are connected first, each in its own worker (so a
+        host starts ``fn`` as soon as it is up); a host that cannot be reached yields its
+        TransportError.
+        """
+        wanted = set(hosts) if hosts is not None else None
+        todo = [
+            h
+            for h in self.hosts
+            if (connect or h.name in self.connections) and (wanted is None or h.name in wanted)
+        ]
+        outcomes = self._parallel(lambda host: fn(self._open(host)), todo)
+        return {h.name: out for h, out in zip(todo, outcomes, strict=True)}
+
+    def close(self) -> None:
+        """Close every connection and the worker threads."""
+        for conn in self.connections.values():
+            with contextlib.suppress(Exception):
+                conn.close()
+        self.connections.clear()
+        self._context.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
