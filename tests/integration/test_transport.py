@@ -164,7 +164,8 @@ def test_changed_host_key_is_refused_with_one_clear_line(test_cluster_4: TestClu
         assert [(f.host, f.check) for f in err.value.faults] == [(h2.name, "host key")]
         assert err.value.faults[0].detail == (
             f"host key for {h2.name} ({h2.address}) does not match known_hosts: "
-            "possible man-in-the-middle"
+            "possible man-in-the-middle (refused whatever StrictHostKeyChecking says; "
+            "remove the old key to go on)"
         )
         assert err.value.exit_code == 3
     assert tampered.read_text().count(key_of[h1.name]) == 2  # nothing was recorded
