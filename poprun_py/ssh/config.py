@@ -91,12 +91,22 @@ def openssh_options(
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"cannot resolve the ssh configuration of {name}: {exc}") from None
     if done.returncode != 0:
-        raise UsageError(f"ssh config: {_first_error(done.stderr, done.returncode)}")
+        message = _first_error(done.stderr, done.returncode)
+        if " line " not in message:  # e.g. an Include loop: find the file and line ourselves
+            _locate(config)
+        raise UsageError(f"ssh config: {message}")
     options: dict[str, list[str]] = {}
     for line in done.stdout.splitlines():
         key, _, value = line.partition(" ")
         options.setdefault(key.lower(), []).append(value)
     return options
+
+
+def _locate(config: Path | None) -> None:
+    """Raise the fallback reader's error (which names file and line) for ``config``, if any."""
+    from poprun_py.ssh.config_parser import FallbackConfig
+
+    FallbackConfig.load(config)
 
 
 def _first_error(stderr: str, code: int) -> str:
@@ -190,6 +200,7 @@ def endpoint_from(
         certificate_files=paths("certificatefile"),
         identity_agent=_agent(agent, values, expanded),
         connect_timeout=float(timeout) if timeout and timeout.isdigit() else None,
+        host_key_alias=alias,
     )
 
 

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import sys
@@ -53,6 +54,9 @@ def load_paramiko() -> Any:
     finally:
         if blocked and sys.modules.get("invoke", 0) is None:
             del sys.modules["invoke"]
+    # its transport threads log socket errors after a refused connection is closed: keep them
+    # off stderr (Python's last-resort handler), where each refusal is one line of ours
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     return paramiko
 
 

@@ -11,6 +11,8 @@
 - a key marked ``@revoked`` (or a certificate signed by a revoked CA) is refused;
 - a key different from the one known_hosts holds is refused whatever StrictHostKeyChecking says
   (stricter than OpenSSH, which lets ``StrictHostKeyChecking no`` through with restrictions);
+- a key unknown under ``[host]:port`` but known for the host itself is accepted (as ``ssh``
+  does, unless a HostKeyAlias is set);
 - an unknown key is refused, unless the endpoint accepts new keys (``accept-new``, ``no``, or
   ``--accept-new-host-keys``): then it is recorded in the user known_hosts file (nowhere when
   that is ``/dev/null``).
@@ -34,7 +36,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import sha1, sha256
 from pathlib import Path
 
@@ -308,6 +310,8 @@ def verify_host_key(ep: Endpoint, key: HostKey, known: KnownHosts, peer: str | N
             f"host key for {label} does not match known_hosts: possible man-in-the-middle "
             "(refused whatever StrictHostKeyChecking says; remove the old key to go on)",
         )
+    if _known_on_port_22(ep, key, known):
+        return
     if not ep.accept_new:
         raise HostKeyError(
             ep.name,
@@ -316,6 +320,19 @@ def verify_host_key(ep: Endpoint, key: HostKey, known: KnownHosts, peer: str | N
         )
     if ep.record_to is not None:
         known.record(ep.record_to, ep.key_names, key.key_type, key.blob)
+
+
+def _known_on_port_22(ep: Endpoint, key: HostKey, known: KnownHosts) -> bool:
+    """A key new under ``[host]:port`` is accepted if known for the host itself, as ssh does
+    ("checking without port identifier"), unless a HostKeyAlias is set."""
+    if ep.port == 22 or ep.host_key_alias:
+        return False
+    plain = replace(ep, port=22, key_names=ep.plain_names, strict="yes", record_to=None)
+    try:
+        verify_host_key(plain, key, known)
+    except HostKeyError:
+        return False
+    return True
 
 
 def _cert_ca(blob: bytes) -> bytes:

@@ -91,8 +91,17 @@ class ConnectionPool:
             self.errors.pop(host.name, None)
         return conn
 
+    def resolve_all(self) -> None:
+        """Resolve every host's ssh configuration, in parallel, before anything connects: a bad
+        config is a UsageError naming its file and line, and nothing has started."""
+        todo = [h for h in self.hosts if h.name not in self.connections]
+        for outcome in self._parallel(self._context.resolver.endpoint, todo):
+            if isinstance(outcome, BaseException):
+                raise outcome
+
     def connect_all(self) -> dict[str, TransportError]:
         """Open every host not yet open; return the hosts that failed, with why."""
+        self.resolve_all()
         todo = [h for h in self.hosts if h.name not in self.connections]
         failed: dict[str, TransportError] = {}
         for host, outcome in zip(todo, self._parallel(self._open, todo), strict=True):
@@ -122,6 +131,8 @@ class ConnectionPool:
         host starts ``fn`` as soon as it is up); a host that cannot be reached yields its
         TransportError.
         """
+        if connect:
+            self.resolve_all()
         wanted = set(hosts) if hosts is not None else None
         todo = [
             h

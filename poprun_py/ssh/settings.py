@@ -105,6 +105,12 @@ class Endpoint:
     certificate_files: tuple[str, ...] = ()
     identity_agent: str | None = None  # None: $SSH_AUTH_SOCK; "none": no agent; else a path
     connect_timeout: float | None = None  # the config's ConnectTimeout
+    host_key_alias: str | None = None
+
+    @property
+    def plain_names(self) -> tuple[str, ...]:
+        """The known_hosts names without the ``[...]:port`` form."""
+        return tuple(n[1:].rpartition("]:")[0] if n.startswith("[") else n for n in self.key_names)
 
     @property
     def label(self) -> str:
