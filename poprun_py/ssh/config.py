@@ -51,6 +51,7 @@ _TOKEN = re.compile(r"%(.)")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STRICT = {"yes": "yes", "ask": "yes", "true": "yes", "accept-new": "accept-new"}
 _STRICT |= {"no": "no", "off": "no", "false": "no"}
+_PARAMIKO_EXPANDS = frozenset({"identityfile"})  # the fallback's lookup expanded these already
 _NOISE = ("Pseudo-terminal will not be allocated",)
 
 
@@ -123,7 +124,9 @@ def _first(options: Options, key: str) -> str | None:
     if not values:
         return None
     value = values[0]
-    return None if value == "none" and key != "stricthostkeychecking" else value
+    return (
+        None if value == "none" and key not in ("stricthostkeychecking", "identityagent") else value
+    )
 
 
 def tokens(name: str, hostname: str, port: int, user: str, alias: str | None) -> dict[str, str]:
@@ -160,7 +163,8 @@ def endpoint_from(
 ) -> Endpoint:
     """Combine a host, the settings and its resolved ssh ``options`` into an Endpoint.
 
-    ``expanded`` says the option values already had their tokens expanded (the fallback).
+    ``expanded`` says Paramiko's lookup already expanded the tokens of IdentityFile,
+    ProxyCommand and HostName (the fallback).
     """
     hostname = host.address or _first(options, "hostname") or host.name
     port = int(host.port or _first(options, "port") or 22)
@@ -170,7 +174,8 @@ def endpoint_from(
 
     def paths(key: str) -> tuple[str, ...]:
         items = options.get(key) or ()
-        return tuple(os.path.expanduser(v) if expanded else expand(v, values) for v in items)
+        done = expanded and key in _PARAMIKO_EXPANDS
+        return tuple(os.path.expanduser(v) if done else expand(v, values) for v in items)
 
     explicit = host.identity_file or settings.identity_file
     names = (alias,) if alias else tuple(dict.fromkeys((hostname, host.name)))
@@ -198,7 +203,7 @@ def endpoint_from(
         proxy_command=(proxy if expanded else expand(proxy, values)) if proxy else None,
         jumps=tuple(Hop.parse(h) for h in jump.split(",")) if jump and not proxy else (),
         certificate_files=paths("certificatefile"),
-        identity_agent=_agent(agent, values, expanded),
+        identity_agent=_agent(agent, values),
         connect_timeout=float(timeout) if timeout and timeout.isdigit() else None,
         host_key_alias=alias,
     )
@@ -216,12 +221,14 @@ def _known_files(words: Sequence[str], default: Path) -> tuple[Path, ...]:
     return tuple(Path(w) for w in split if w not in ("/dev/null", "none"))
 
 
-def _agent(value: str | None, values: Mapping[str, str], expanded: bool) -> str | None:
+def _agent(value: str | None, values: Mapping[str, str]) -> str | None:
     if value is None or value == "SSH_AUTH_SOCK":
-        return "none" if value == "none" else None
+        return None
+    if value == "none":
+        return "none"
     if value.startswith("$"):
         return os.environ.get(value[1:]) or "none"
-    return value if expanded else expand(value, values, env=True)
+    return expand(value, values, env=True)
 
 
 # ---------------------------------------------------------------- the resolver

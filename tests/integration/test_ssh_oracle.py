@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster, TestHost
+from poprun_py.ssh.config import RESOLVER_ENV
 from tests.hostfixtures import _Clusters
 
 PY = sys.executable
@@ -146,6 +147,17 @@ class Outcome:
         return (self.ssh.returncode == 0) == (self.poprun.returncode == 0)
 
 
+MODE = {"resolver": "openssh"}
+
+
+@pytest.fixture(scope="module", params=["openssh", "paramiko"], autouse=True)
+def _resolver(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every case runs with ``ssh -G`` and with the fallback reader."""
+    MODE["resolver"] = request.param
+    yield
+    MODE["resolver"] = "openssh"
+
+
 def both(
     lab: Lab, name: str, config: str, host: str, files: dict[str, str] | None = None
 ) -> Outcome:
@@ -153,7 +165,7 @@ def both(
     and run both clients; each gets its own copy of ``files`` (name -> text) in ``{d}``."""
     results = []
     for tool in ("ssh", "poprun"):
-        d = lab.dir / name / tool
+        d = lab.dir / MODE["resolver"] / name / tool
         d.mkdir(parents=True)
         for fname, text in (files or {}).items():
             (d / fname).parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +179,7 @@ def both(
         else:
             argv = [PY, "-m", "poprun_py", "exec", "--hosts", host, "--ssh-config", str(cfg)]
             argv += ["--", "true"]
-        env = {**os.environ, "SSH_AUTH_SOCK": ""}
+        env = {**os.environ, "SSH_AUTH_SOCK": "", RESOLVER_ENV: MODE["resolver"]}
         results.append(
             subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, env=env)
         )
@@ -237,6 +249,8 @@ def test_include_loop_is_bad_input_naming_file_and_line(lab: Lab) -> None:
 
 
 def test_malformed_and_unreadable_configs_are_bad_input(lab: Lab) -> None:
+    if MODE["resolver"] == "paramiko":
+        pytest.skip("the fallback reader does not refuse unknown keywords (README)")
     out = both(lab, "malformed", block("b", lab.bastion) + "  NoSuchOption yes\n", "b")
     assert out.ssh.returncode != 0 and out.poprun.returncode == 2
     lines = out.poprun.stderr.strip().splitlines()
@@ -275,7 +289,7 @@ def test_match_exec_and_final(lab: Lab) -> None:
 
 
 def test_tokens_in_identity_and_known_hosts_files(lab: Lab) -> None:
-    keys = lab.dir / "tokens-keys"
+    keys = lab.dir / f"tokens-keys-{MODE['resolver']}"
     keys.mkdir()
     shutil.copy(lab.key, keys / f"{lab.bastion.address}-root")
     shutil.copy(lab.known, keys / "known-b-22")
@@ -408,7 +422,9 @@ def test_strict_yes_refuses_and_accept_new_records(lab: Lab) -> None:
     config = config.replace("StrictHostKeyChecking yes", "StrictHostKeyChecking accept-new")
     assert_agree(both(lab, "accept-new", config, "b", {"known": ""}), get_in=True)
     for tool in ("ssh", "poprun"):
-        assert (lab.dir / "accept-new" / tool / "known").read_text().strip(), tool
+        assert (lab.dir / MODE["resolver"] / "accept-new" / tool / "known").read_text().strip(), (
+            tool
+        )
 
 
 def test_changed_key_is_refused_by_poprun_even_with_strict_no(lab: Lab) -> None:
