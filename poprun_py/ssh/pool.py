@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from poprun_py.core.spec import HostSpec
-from poprun_py.errors import PreflightError, UsageError
+from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.ssh.connect import Context, connect
 from poprun_py.ssh.connection import Connection
 from poprun_py.ssh.errors import TransportError
@@ -98,6 +98,14 @@ class ConnectionPool:
         for outcome in self._parallel(self._context.resolver.endpoint, todo):
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    def require_direct(self, why: str) -> None:
+        """Raise PreflightError (one fault) if any host is configured behind a ProxyJump."""
+        self.resolve_all()
+        behind = [h.name for h in self.hosts if self._context.resolver.endpoint(h).jumps]
+        if behind:
+            names = ", ".join(behind)
+            raise PreflightError([Fault(behind[0], "ssh", f"{names}: behind a ProxyJump; {why}")])
 
     def connect_all(self) -> dict[str, TransportError]:
         """Open every host not yet open; return the hosts that failed, with why."""

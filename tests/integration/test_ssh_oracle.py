@@ -27,6 +27,7 @@ import pytest
 from poprun_py.providers.netns import TestCluster, TestHost
 from poprun_py.ssh.config import RESOLVER_ENV
 from tests.hostfixtures import _Clusters
+from tests.integration.helpers import sessions_started, strays
 
 PY = sys.executable
 
@@ -461,3 +462,85 @@ def test_certificate_file_option(lab: Lab) -> None:
     config = config.replace("{key}", str(key))
     known = f"@cert-authority * {lab.host_ca_pub}\n"
     assert_agree(both(lab, "cert-file", config, "c", {"known": known}), get_in=True)
+
+
+# ---------------------------------------------------------------- every remote command, jumped
+
+
+def _inner_config(lab: Lab) -> Path:
+    """A config reaching inner1 and inner2 (as ``t1``, ``t2``) only through the bastion."""
+    path = lab.dir / MODE["resolver"] / "inner.conf"
+    if not path.exists():
+        text = block("b", lab.bastion)
+        text += block("t1", lab.inner1, ProxyJump="b") + block("t2", lab.inner2, ProxyJump="b")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fill(lab, text, path.parent))
+    return path
+
+
+def _poprun(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SSH_AUTH_SOCK": "", RESOLVER_ENV: MODE["resolver"]}
+    return subprocess.run(
+        [PY, "-m", "poprun_py", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_sync_through_the_bastion(lab: Lab, method: str) -> None:
+    cfg = _inner_config(lab)
+    src = lab.dir / MODE["resolver"] / f"sync-{method}"
+    src.mkdir()
+    (src / "data.txt").write_text(f"via {method}\n")
+    out = _poprun(
+        "sync", "--hosts", "t1,t2", "--ssh-config", str(cfg), "--method", method, str(src)
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"({method})" in out.stderr
+    got = _poprun(
+        "exec", "--hosts", "t1,t2", "--ssh-config", str(cfg), "--", "cat", f"{src}/data.txt"
+    )
+    assert got.returncode == 0, got.stderr
+    assert sorted(got.stdout.splitlines()) == [f"t1: via {method}", f"t2: via {method}"]
+
+
+def _spec(lab: Lab) -> Path:
+    path = lab.dir / MODE["resolver"] / "inner.yaml"
+    hosts = "hosts:\n  - name: t1\n  - name: t2\n"
+    path.write_text(f"name: inner\n{hosts}ssh: {{ssh_config: {_inner_config(lab)}}}\n")
+    return path
+
+
+def test_launch_ssh_backend_through_the_bastion(lab: Lab) -> None:
+    code = "import os, socket; print(os.environ['RANK'], socket.gethostname())"
+    out = _poprun("launch", "-c", str(_spec(lab)), "--backend", "ssh", PY, "-c", code)
+    assert out.returncode == 0, out.stderr
+    ranks = sorted(line.split()[-2:][0] for line in out.stdout.splitlines() if line.strip())
+    assert ranks == ["0", "1"], out.stdout
+    assert _strays(lab) == {}
+
+
+def _strays(lab: Lab, seconds: float = 10.0) -> dict[str, list[int]]:
+    """Processes left on the hosts (besides the sshds), once sessions had time to close."""
+    extra = {int(p.read_text()) for p in lab.dir.glob("sshd_*.pid")}
+    deadline = time.monotonic() + seconds
+    while True:
+        found = {h: [p for p in pids if p not in extra] for h, pids in strays(lab.cluster).items()}
+        found = {h: pids for h, pids in found.items() if pids}
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_mpirun_behind_a_jump_host_is_refused_in_preflight(lab: Lab) -> None:
+    spec = _spec(lab)
+    before = sessions_started(lab.cluster)
+    out = _poprun("launch", "-c", str(spec), "--backend", "mpirun", PY, "-c", "pass")
+    assert out.returncode == 3, out.stderr
+    assert "behind a ProxyJump" in out.stderr and "connect back" in out.stderr
+    assert sessions_started(lab.cluster) == before  # refused before any host was reached
