@@ -96,9 +96,15 @@ def breakdown(cluster: TestCluster, runs: int) -> list[tuple[str, float]]:
         for _ in range(runs)
     )
     hosts = [HostSpec(h.name) for h in cluster.hosts]
-    opens, fans, singles = [], [], []
+    opens, fans, singles, resolves, per_host = [], [], [], [], []
+    kind = "?"
     for _ in range(runs):
         with ConnectionPool(hosts, SshSettings(ssh_config=cluster.ssh_config)) as pool:
+            r0 = time.perf_counter()
+            pool.resolve_all()  # every host's ssh configuration, in parallel (ssh -G)
+            resolves.append(time.perf_counter() - r0)
+            per_host.append(statistics.median(pool.resolve_seconds.values()))
+            kind = pool.resolver_kind
             t0 = time.perf_counter()
             pool.open_all()
             t1 = time.perf_counter()
@@ -116,6 +122,11 @@ def breakdown(cluster: TestCluster, runs: int) -> list[tuple[str, float]]:
     n = len(hosts)
     return [
         ("python start-up + imports (paramiko, CLI)", startup),
+        (
+            f"resolve {n} hosts' ssh configuration in parallel ({kind})",
+            statistics.median(resolves),
+        ),
+        ("  of which one host (median)", statistics.median(per_host)),
         (f"open {n} connections in parallel (TCP, kex, host key, auth)", statistics.median(opens)),
         (f"run `true` on {n} open connections", statistics.median(fans)),
         ("run `true` on one open connection (session + login shell)", statistics.median(singles)),

@@ -48,6 +48,11 @@ class ConnectionPool:
         self._lock = threading.Lock()
 
     @property
+    def resolver_kind(self) -> str:
+        """``openssh`` (``ssh -G``) or ``paramiko`` (the fallback reader)."""
+        return self._context.resolver.kind
+
+    @property
     def resolve_seconds(self) -> dict[str, float]:
         """What resolving each host's (and jump host's) ssh configuration took."""
         return dict(self._context.resolver.seconds)
