@@ -119,6 +119,9 @@ def check_numactl(job: RenderedJob) -> None:
         raise PreflightError([Fault("localhost", "numactl", NUMACTL_MISSING)])
 
 
+MPI_BEHIND_JUMP = "the MPI daemons must connect back to this machine directly; use --backend ssh"
+
+
 class RemoteSession:
     """One connection and one agent per host, shared by preflight, sync, staging and the job.
 
@@ -150,6 +153,8 @@ class RemoteSession:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
         from poprun_py.launch.preflight import preflight
 
+        if self.backend in ("mpirun", "mpiexec"):
+            self.pool.require_direct(MPI_BEHIND_JUMP)  # PreflightError: nothing started
         self._warm_up_renderer()  # while preflight waits for the hosts
         report = preflight(self.agents, prep.plan)
         self.report = report
