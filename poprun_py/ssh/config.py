@@ -93,6 +93,8 @@ def openssh_options(
         raise UsageError(f"cannot resolve the ssh configuration of {name}: {exc}") from None
     if done.returncode != 0:
         message = _first_error(done.stderr, done.returncode)
+        if re.search(r"(unknown|illegal|invalid) option", message):  # an OpenSSH before 6.8
+            raise OldOpenSsh(message)
         if " line " not in message:  # e.g. an Include loop: find the file and line ourselves
             _locate(config)
         raise UsageError(f"ssh config: {message}")
@@ -101,6 +103,10 @@ def openssh_options(
         key, _, value = line.partition(" ")
         options.setdefault(key.lower(), []).append(value)
     return options
+
+
+class OldOpenSsh(Exception):
+    """This ssh has no ``-G``: the fallback reader is used instead."""
 
 
 def _locate(config: Path | None) -> None:
@@ -284,9 +290,14 @@ class Resolver:
     def _resolve(self, name: str, user: str | None, port: int | None) -> dict[str, list[str]]:
         if self.kind == "openssh":
             timeout = self.settings.connect_timeout + 20.0
-            return openssh_options(name, self.settings.ssh_config, user, port, timeout)
+            try:
+                return openssh_options(name, self.settings.ssh_config, user, port, timeout)
+            except OldOpenSsh:
+                self.kind = "paramiko"
         from poprun_py.ssh.config_parser import FallbackConfig
 
-        if self._fallback is None:
-            self._fallback = FallbackConfig.load(self.settings.ssh_config).lookup
-        return self._fallback(name, user)
+        with self._lock:
+            if self._fallback is None:
+                self._fallback = FallbackConfig.load(self.settings.ssh_config).lookup
+            lookup = self._fallback
+        return lookup(name, user)

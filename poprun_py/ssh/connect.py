@@ -22,6 +22,7 @@ import functools
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -65,7 +66,7 @@ class Context:
         self.resolver = Resolver(settings)
         self.known = KnownHosts()
         self.jumps: dict[tuple[Hop, ...], Connection] = {}
-        self._jump_errors: dict[tuple[Hop, ...], TransportError] = {}
+        self._jump_errors: dict[tuple[Hop, ...], tuple[float, TransportError]] = {}
         self._keys: dict[tuple[str, str], paramiko.PKey | None] = {}
         self._locks: dict[tuple[Hop, ...], threading.Lock] = {}
         self._lock = threading.Lock()
@@ -88,12 +89,13 @@ class Context:
             conn = self.jumps.get(hops)
             if conn is not None and conn.alive:
                 return conn
-            if hops in self._jump_errors:
-                raise self._jump_errors[hops]
+            failed_at, error = self._jump_errors.get(hops, (0.0, None))
+            if error is not None and time.monotonic() - failed_at < self.settings.connect_timeout:
+                raise error  # hosts behind a dead jump host do not each wait for it again
             try:
                 conn = self._open_jump(hops, depth)
             except TransportError as exc:
-                self._jump_errors[hops] = exc
+                self._jump_errors[hops] = (time.monotonic(), exc)
                 raise
             self.jumps[hops] = conn
             return conn
@@ -144,7 +146,15 @@ def connect(host: HostSpec, settings: SshSettings, context: Context | None = Non
         except TransportError as exc:
             chain = ",".join(str(h) for h in ep.jumps)
             raise type(exc)(ep.name, f"{ep.name}: jump host ({chain}): {exc.detail}") from None
-    return open_endpoint(host, ep, ctx, via)
+    try:
+        conn = open_endpoint(host, ep, ctx, via)
+    except BaseException:
+        if context is None:
+            ctx.close()
+        raise
+    if context is None:  # a connection of its own: its jump hosts close with it
+        conn.on_close(ctx.close)
+    return conn
 
 
 def open_endpoint(

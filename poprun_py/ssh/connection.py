@@ -65,6 +65,7 @@ class Connection:
         self.endpoint = endpoint
         self.transport = transport
         self.via = via  # the jump host's connection that carries this one, if any
+        self._on_close: list[Callable[[], None]] = []
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.Lock()
 
@@ -212,12 +213,19 @@ class Connection:
             handle.chmod(mode)
             handle.write(text.encode("utf-8", "surrogateescape"))
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after this connection is closed (e.g. to close its own jump hosts)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
-        """Close SFTP and the transport."""
+        """Close SFTP and the transport (then whatever :meth:`on_close` was given)."""
         with contextlib.suppress(Exception):
             if self._sftp is not None:
                 self._sftp.close()
         self.transport.close()
+        for fn in self._on_close:
+            with contextlib.suppress(Exception):
+                fn()
 
 
 def makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
