@@ -184,39 +184,50 @@ def endpoint_from(
         return tuple(os.path.expanduser(v) if done else expand(v, values) for v in items)
 
     explicit = host.identity_file or settings.identity_file
-    names = (alias,) if alias else tuple(dict.fromkeys((hostname, host.name)))
-    user_files = _known_files(paths("userknownhostsfile"), Path.home() / ".ssh" / "known_hosts")
-    system_files = _known_files(paths("globalknownhostsfile"), SYSTEM_KNOWN_HOSTS)
+    only = (_first(options, "identitiesonly") or "").lower() == "yes"
     strict = _STRICT.get((_first(options, "stricthostkeychecking") or "ask").lower(), "yes")
     if settings.accept_new_host_keys and strict == "yes":
         strict = "accept-new"
     proxy = _first(options, "proxycommand")
     jump = _first(options, "proxyjump")
-    agent = _first(options, "identityagent")
     timeout = _first(options, "connecttimeout")
+    names = (alias,) if alias else tuple(dict.fromkeys((hostname, host.name)))
+    key_names, known, record_to = _host_key_files(names, port, settings, paths)
     return Endpoint(
         name=host.name,
         hostname=hostname,
         port=port,
         user=user,
         identity_files=(os.path.expanduser(explicit),) if explicit else paths("identityfile"),
-        explicit_identity=bool(explicit)
-        or (_first(options, "identitiesonly") or "").lower() == "yes",
-        key_names=tuple(n if port == 22 else f"[{n}]:{port}" for n in names),
-        known_hosts=tuple(dict.fromkeys((*_extra(settings), *user_files, *system_files))),
-        record_to=settings.known_hosts or (user_files[0] if user_files else None),
+        explicit_identity=bool(explicit) or only,
+        key_names=key_names,
+        known_hosts=known,
+        record_to=record_to,
         strict=strict,
         proxy_command=(proxy if expanded else expand(proxy, values)) if proxy else None,
         jumps=tuple(Hop.parse(h) for h in jump.split(",")) if jump and not proxy else (),
         certificate_files=paths("certificatefile"),
-        identity_agent=_agent(agent, values),
+        identity_agent=_agent(_first(options, "identityagent"), values),
         connect_timeout=float(timeout) if timeout and timeout.isdigit() else None,
         host_key_alias=alias,
     )
 
 
-def _extra(settings: SshSettings) -> tuple[Path, ...]:
-    return (settings.known_hosts,) if settings.known_hosts else ()
+def _host_key_files(
+    names: tuple[str, ...],
+    port: int,
+    settings: SshSettings,
+    paths: Callable[[str], tuple[str, ...]],
+) -> tuple[tuple[str, ...], tuple[Path, ...], Path | None]:
+    """An Endpoint's ``key_names``, ``known_hosts`` and ``record_to``."""
+    user_files = _known_files(paths("userknownhostsfile"), Path.home() / ".ssh" / "known_hosts")
+    system_files = _known_files(paths("globalknownhostsfile"), SYSTEM_KNOWN_HOSTS)
+    extra = (settings.known_hosts,) if settings.known_hosts else ()
+    return (
+        tuple(n if port == 22 else f"[{n}]:{port}" for n in names),
+        tuple(dict.fromkeys((*extra, *user_files, *system_files))),
+        settings.known_hosts or (user_files[0] if user_files else None),
+    )
 
 
 def _known_files(words: Sequence[str], default: Path) -> tuple[Path, ...]:
