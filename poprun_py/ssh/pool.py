@@ -31,6 +31,42 @@ from poprun_py.ssh.settings import SshSettings
 T = TypeVar("T")
 
 
+class _Gate:
+    """Counts the hosts whose configuration is resolved; remembers the first failure."""
+
+    def __init__(self, waiting: set[str]):
+        self.waiting = frozenset(waiting)
+        self._left = set(waiting)
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        if not waiting:
+            self._done.set()
+
+    def arrive(self, name: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._left.discard(name)
+            if error is not None and self._error is None:
+                self._error = error
+            if not self._left or self._error is not None:
+                self._done.set()
+
+    def wait(self) -> None:
+        """Block until every host resolved; raise the failure (bad input) if one did not."""
+        self._done.wait()
+        if self._error is not None:
+            raise _Aborted from None
+
+    def check(self) -> None:
+        """After the workers: raise the resolution failure, if any."""
+        if self._error is not None:
+            raise self._error
+
+
+class _Aborted(Exception):
+    """Another host's configuration could not be resolved: this one does nothing."""
+
+
 class ConnectionPool:
     """Connections to many hosts, opened in parallel and reused; a context manager."""
 
@@ -114,10 +150,12 @@ class ConnectionPool:
 
     def connect_all(self) -> dict[str, TransportError]:
         """Open every host not yet open; return the hosts that failed, with why."""
-        self.resolve_all()
         todo = [h for h in self.hosts if h.name not in self.connections]
+        opener, gate = self._opener(todo)
+        outcomes = self._parallel(opener, todo)
+        gate.check()
         failed: dict[str, TransportError] = {}
-        for host, outcome in zip(todo, self._parallel(self._open, todo), strict=True):
+        for host, outcome in zip(todo, outcomes, strict=True):
             if isinstance(outcome, TransportError):
                 failed[host.name] = outcome
             elif isinstance(outcome, BaseException):
@@ -144,16 +182,41 @@ class ConnectionPool:
         host starts ``fn`` as soon as it is up); a host that cannot be reached yields its
         TransportError.
         """
-        if connect:
-            self.resolve_all()
         wanted = set(hosts) if hosts is not None else None
         todo = [
             h
             for h in self.hosts
             if (connect or h.name in self.connections) and (wanted is None or h.name in wanted)
         ]
-        outcomes = self._parallel(lambda host: fn(self._open(host)), todo)
+        opener, gate = self._opener([h for h in todo if h.name not in self.connections])
+        outcomes = self._parallel(lambda host: fn(opener(host)), todo)
+        gate.check()
         return {h.name: out for h, out in zip(todo, outcomes, strict=True)}
+
+    def _opener(self, todo: Sequence[HostSpec]) -> tuple[Callable[[HostSpec], Connection], _Gate]:
+        """How workers open ``todo``: each resolves its host's configuration, connects, then
+        waits until every host's configuration resolved; if one failed (bad input), nothing
+        runs and :meth:`_Gate.check` raises its error. With more hosts than workers (which
+        could then wait on hosts not yet started), every host is resolved first instead."""
+        gate = _Gate({h.name for h in todo})
+        if len(todo) > self._workers:
+            self.resolve_all()
+            return self._open, gate
+        resolver = self._context.resolver
+
+        def opener(host: HostSpec) -> Connection:
+            if host.name in gate.waiting:
+                try:
+                    resolver.endpoint(host)
+                except BaseException as exc:
+                    gate.arrive(host.name, exc)
+                    raise
+                gate.arrive(host.name)
+            conn = self._open(host)
+            gate.wait()
+            return conn
+
+        return opener, gate
 
     def close(self) -> None:
         """Close every connection and the worker threads."""

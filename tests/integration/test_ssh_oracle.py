@@ -495,7 +495,7 @@ def _poprun(*args: str) -> subprocess.CompletedProcess[str]:
 def test_sync_through_the_bastion(lab: Lab, method: str) -> None:
     cfg = _inner_config(lab)
     src = lab.dir / MODE["resolver"] / f"sync-{method}"
-    src.mkdir()
+    src.mkdir(parents=True)
     (src / "data.txt").write_text(f"via {method}\n")
     out = _poprun(
         "sync", "--hosts", "t1,t2", "--ssh-config", str(cfg), "--method", method, str(src)
@@ -544,3 +544,19 @@ def test_mpirun_behind_a_jump_host_is_refused_in_preflight(lab: Lab) -> None:
     assert out.returncode == 3, out.stderr
     assert "behind a ProxyJump" in out.stderr and "connect back" in out.stderr
     assert sessions_started(lab.cluster) == before  # refused before any host was reached
+
+
+def test_one_bad_host_config_starts_nothing_anywhere(lab: Lab) -> None:
+    d = lab.dir / MODE["resolver"] / "one-bad"
+    d.mkdir(parents=True)
+    cfg = d / "config"
+    text = block("b", lab.bastion) + block("bad", lab.certs, ProxyJump="b:notaport")
+    cfg.write_text(fill(lab, text, d))
+    marker = d / "ran"
+    before = sessions_started(lab.cluster)
+    out = _poprun("exec", "--hosts", "b,bad", "--ssh-config", str(cfg), "--", "touch", str(marker))
+    assert out.returncode == 2, out.stderr
+    assert "ProxyJump" in out.stderr and "b:notaport" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+    assert sessions_started(lab.cluster) == before
