@@ -56,11 +56,11 @@ def commands(cluster: TestCluster) -> dict[str, tuple[list[str], dict[str, str]]
     expr = f"{prefix}[1-{len(cluster.hosts)}]"
     names = list(cluster.host_names)
     env = dict(os.environ)
+    argv = [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"]
     cmds = {
-        "poprun-py exec": (
-            [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"],
-            env,
-        )
+        "poprun-py exec": (argv, env),
+        # the same without asking OpenSSH (ssh -G) for each host's configuration
+        "poprun-py (fallback cfg)": (argv, {**env, "POPRUN_SSH_RESOLVER": "paramiko"}),
     }
     if shutil.which("pdsh"):
         pdsh_env = {**env, "PDSH_SSH_ARGS": f"-F {cfg} -x -l%u %h"}
