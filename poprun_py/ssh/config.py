@@ -270,16 +270,16 @@ class Resolver:
         return endpoint_from(host, self.settings, options, expanded=self.kind == "paramiko")
 
     def hop(self, hop: Hop) -> Endpoint:
-        """A jump host's Endpoint: its own configuration, with the hop's user and port first."""
+        """A jump host's Endpoint: its own configuration, with the hop's user and port first
+        (like ``ssh -l U -J hop``, ``--user`` is the target's, not the jump host's)."""
         host = HostSpec(hop.host, user=hop.user, port=hop.port)
-        options = self.options(hop.host, hop.user or self.settings.user, hop.port)
+        options = self.options(hop.host, hop.user, hop.port)
         plain = SshSettings(
             known_hosts=self.settings.known_hosts,
             accept_new_host_keys=self.settings.accept_new_host_keys,
             connect_timeout=self.settings.connect_timeout,
             ssh_config=self.settings.ssh_config,
-            user=self.settings.user,
-        )  # an --identity is for the hosts; a jump host gets its own (as ssh -J does)
+        )  # --identity and --user are for the hosts; a jump host has its own (as with ssh -J)
         return endpoint_from(host, plain, options, expanded=self.kind == "paramiko")
 
     def options(self, name: str, user: str | None, port: int | None) -> Any:

@@ -225,3 +225,16 @@ def test_cert_types_are_asked_for_first_when_a_ca_is_trusted() -> None:
     offered = ["ssh-ed25519", "rsa-sha2-512", "ssh-ed25519-cert-v01@openssh.com"]
     assert preferred_key_types(keys, offered)[0] == "ssh-ed25519-cert-v01@openssh.com"
     assert preferred_key_types([], offered)[-1] == "ssh-ed25519-cert-v01@openssh.com"
+
+
+@needs_ssh
+def test_user_flag_is_for_the_hosts_not_their_jump_hosts(tmp_path: Path) -> None:
+    from poprun_py.ssh.config import Resolver
+
+    config = tmp_path / "config"
+    config.write_text("Host j1\n  User alice\nHost n1\n  ProxyJump j1,j2\n")
+    resolver = Resolver(SshSettings(user="bob", ssh_config=config), kind="openssh")
+    assert resolver.endpoint(HostSpec("n1")).user == "bob"
+    assert resolver.hop(Hop("j1")).user == "alice"
+    assert resolver.hop(Hop("j2", user="carol")).user == "carol"
+    assert set(resolver.seconds) == {"n1", "j1", "j2"}
