@@ -537,10 +537,13 @@ def _strays(lab: Lab, seconds: float = 10.0) -> dict[str, list[int]]:
         time.sleep(0.05)
 
 
-def test_mpirun_behind_a_jump_host_is_refused_in_preflight(lab: Lab) -> None:
+@pytest.mark.parametrize("backend", ["mpirun", "mpiexec"])
+def test_mpi_behind_a_jump_host_is_refused_in_preflight(lab: Lab, backend: str) -> None:
+    if shutil.which({"mpirun": "mpirun", "mpiexec": "mpiexec.hydra"}[backend]) is None:
+        pytest.skip(f"{backend} is not installed")
     spec = _spec(lab)
     before = sessions_started(lab.cluster)
-    out = _poprun("launch", "-c", str(spec), "--backend", "mpirun", PY, "-c", "pass")
+    out = _poprun("launch", "-c", str(spec), "--backend", backend, PY, "-c", "pass")
     assert out.returncode == 3, out.stderr
     assert "behind a ProxyJump" in out.stderr and "connect back" in out.stderr
     assert sessions_started(lab.cluster) == before  # refused before any host was reached
