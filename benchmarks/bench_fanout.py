@@ -32,7 +32,8 @@ from installed import compile_package, console_script  # noqa: E402
 
 from poprun_py.core.spec import HostSpec  # noqa: E402
 from poprun_py.providers.netns import TestCluster, create_cluster, destroy_cluster  # noqa: E402
-from poprun_py.ssh.transport import ConnectionPool, SshSettings  # noqa: E402
+from poprun_py.ssh.pool import ConnectionPool  # noqa: E402
+from poprun_py.ssh.settings import SshSettings  # noqa: E402
 from tests.hostfixtures import session_tag  # noqa: E402
 
 FABRIC = (
@@ -55,11 +56,11 @@ def commands(cluster: TestCluster) -> dict[str, tuple[list[str], dict[str, str]]
     expr = f"{prefix}[1-{len(cluster.hosts)}]"
     names = list(cluster.host_names)
     env = dict(os.environ)
+    argv = [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"]
     cmds = {
-        "poprun-py exec": (
-            [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"],
-            env,
-        )
+        "poprun-py exec": (argv, env),
+        # the same without asking OpenSSH (ssh -G) for each host's configuration
+        "poprun-py (fallback cfg)": (argv, {**env, "POPRUN_SSH_RESOLVER": "paramiko"}),
     }
     if shutil.which("pdsh"):
         pdsh_env = {**env, "PDSH_SSH_ARGS": f"-F {cfg} -x -l%u %h"}
@@ -95,9 +96,15 @@ def breakdown(cluster: TestCluster, runs: int) -> list[tuple[str, float]]:
         for _ in range(runs)
     )
     hosts = [HostSpec(h.name) for h in cluster.hosts]
-    opens, fans, singles = [], [], []
+    opens, fans, singles, resolves, per_host = [], [], [], [], []
+    kind = "?"
     for _ in range(runs):
         with ConnectionPool(hosts, SshSettings(ssh_config=cluster.ssh_config)) as pool:
+            r0 = time.perf_counter()
+            pool.resolve_all()  # every host's ssh configuration, in parallel (ssh -G)
+            resolves.append(time.perf_counter() - r0)
+            per_host.append(statistics.median(pool.resolve_seconds.values()))
+            kind = pool.resolver_kind
             t0 = time.perf_counter()
             pool.open_all()
             t1 = time.perf_counter()
@@ -115,6 +122,11 @@ def breakdown(cluster: TestCluster, runs: int) -> list[tuple[str, float]]:
     n = len(hosts)
     return [
         ("python start-up + imports (paramiko, CLI)", startup),
+        (
+            f"resolve {n} hosts' ssh configuration in parallel ({kind})",
+            statistics.median(resolves),
+        ),
+        ("  of which one host (median)", statistics.median(per_host)),
         (f"open {n} connections in parallel (TCP, kex, host key, auth)", statistics.median(opens)),
         (f"run `true` on {n} open connections", statistics.median(fans)),
         ("run `true` on one open connection (session + login shell)", statistics.median(singles)),

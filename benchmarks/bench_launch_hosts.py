@@ -122,7 +122,7 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
     from poprun_py.launch import launcher
     from poprun_py.launch.preflight import preflight
     from poprun_py.prepare.job import LaunchOptions, prepare
-    from poprun_py.ssh.transport import ConnectionPool
+    from poprun_py.ssh.pool import ConnectionPool
 
     opts = LaunchOptions(program=("true",), cluster=str(spec), backend="ssh", numa_aware=False)
     keys = ("connect", "exec", "pre-pool", "run-pool", "pre-agents", "run-agents")

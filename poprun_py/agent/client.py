@@ -3,7 +3,7 @@ connection, talk to it in the protocol of :mod:`poprun_py.agent.protocol`, stage
 it.
 
 :class:`AgentPool` starts one agent per host on first use and answers ``map``/``run`` like a
-:class:`~poprun_py.ssh.transport.ConnectionPool`, so preflight can run its checks through the
+:class:`~poprun_py.ssh.pool.ConnectionPool`, so preflight can run its checks through the
 agents; the ssh backend then runs the job on the same agents
 (:class:`~poprun_py.backends.ssh.SshBackend`) and the mpirun backend starts Open MPI's daemons
 through them (:mod:`poprun_py.agent.relay`). A whole launch costs one login session per host.
@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.transport import Connection, ConnectionPool, RemoteResult, SshSettings
+    from poprun_py.ssh.connection import Connection, RemoteResult
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
 HEARTBEAT = 0.5  # both ways: seconds of silence after which a side says "h"
@@ -94,7 +96,7 @@ class AgentPool:
 
     def agent_on(self, host: str) -> AgentConnection:
         """The agent on ``host``, over its open connection; ConnectionLost when it has none."""
-        from poprun_py.ssh.transport import ConnectionLost
+        from poprun_py.ssh.errors import ConnectionLost
 
         conn = self.pool.connections.get(host)
         if conn is None:
@@ -209,7 +211,8 @@ class AgentConnection:
         cwd: str | None,
         timeout: float | None,
     ) -> RemoteResult:
-        from poprun_py.ssh.transport import RemoteResult, RemoteTimeout
+        from poprun_py.ssh.connection import RemoteResult
+        from poprun_py.ssh.errors import RemoteTimeout
 
         started = time.monotonic()
         self._requests += 1
@@ -261,7 +264,7 @@ class AgentConnection:
         return data, ended
 
     def _reply(self, deadline: float | None) -> bytes:
-        from poprun_py.ssh.transport import ConnectionLost, RemoteTimeout
+        from poprun_py.ssh.errors import ConnectionLost, RemoteTimeout
 
         while True:
             while b"\n" in self.buffer:

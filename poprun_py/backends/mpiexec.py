@@ -39,7 +39,12 @@ from poprun_py.backends.external import LauncherRun, prepare_launcher, start_lau
 from poprun_py.backends.mpi import source_address
 from poprun_py.backends.mpirun import FailureReport, TagDemux, rank_results
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
-from poprun_py.backends.session import LocalSession, RemoteSession, local_topologies
+from poprun_py.backends.session import (
+    MPI_BEHIND_JUMP,
+    LocalSession,
+    RemoteSession,
+    local_topologies,
+)
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed
@@ -154,7 +159,9 @@ class MpiexecBackend(Defaults):
         tools = {HYDRA: MPIEXEC_MISSING}
         if prep.plan.cluster.all_local:
             return LocalSession(self, tools=tools)
-        return RemoteSession(prep, settings, MpiexecBackend, stages=True, tools=tools)
+        return RemoteSession(
+            prep, settings, MpiexecBackend, stages=True, tools=tools, direct_only=MPI_BEHIND_JUMP
+        )
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run hydra under supervision, report every rank."""

@@ -42,7 +42,12 @@ from poprun_py.backends.external import (
 )
 from poprun_py.backends.mpi import mpirun_render_args
 from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
-from poprun_py.backends.session import LocalSession, RemoteSession, local_topologies
+from poprun_py.backends.session import (
+    MPI_BEHIND_JUMP,
+    LocalSession,
+    RemoteSession,
+    local_topologies,
+)
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed, Supervised
 
@@ -198,7 +203,9 @@ class MpirunBackend(Defaults):
         if prep.plan.cluster.all_local:
             return LocalSession(self, tools={"mpirun": MPIRUN_MISSING})
         tools = {"mpirun": MPIRUN_MISSING}
-        return RemoteSession(prep, settings, MpirunBackend, stages=True, tools=tools)
+        return RemoteSession(
+            prep, settings, MpirunBackend, stages=True, tools=tools, direct_only=MPI_BEHIND_JUMP
+        )
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Write the job's files, run mpirun under supervision, report every rank."""

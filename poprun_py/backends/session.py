@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.transport import ConnectionPool, SshSettings
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import SshSettings
 
 NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
 
@@ -122,31 +123,38 @@ def check_numactl(job: RenderedJob) -> None:
         raise PreflightError([Fault("localhost", "numactl", NUMACTL_MISSING)])
 
 
+MPI_BEHIND_JUMP = "the MPI daemons must connect back to this machine directly; use --backend ssh"
+
+
 class RemoteSession:
     """One connection and one agent per host, shared by preflight, sync, staging and the job.
 
     ``runner_for`` makes the runner from the agents (the ssh backend runs the job on them, the
     mpirun backend starts Open MPI's daemons through them); ``tools`` must be on this machine's
-    PATH (the launcher: mpirun, mpiexec.hydra); ``stages`` says whether the job's
-    files must be written through the agents before it starts (the ssh backend's agents write
-    them as part of the job)."""
+    PATH (the launcher: mpirun, mpiexec.hydra); ``direct_only``, when set, says why every host
+    must be reached without a jump host (MPI daemons connect back); ``stages`` says whether the
+    job's files must be written through the agents before it starts (the ssh backend's agents
+    write them as part of the job)."""
 
     def __init__(
         self,
         prep: Prepared,
         settings: RunSettings,
         runner_for: Callable[[AgentPool], Runner],
+        *,
         stages: bool,
         tools: Mapping[str, str] | None = None,
+        direct_only: str | None = None,
     ):
         from poprun_py.agent.client import AgentPool
-        from poprun_py.ssh.transport import ConnectionPool
+        from poprun_py.ssh.pool import ConnectionPool
 
         self.pool: ConnectionPool = ConnectionPool(
             list(prep.plan.cluster.hosts), ssh_settings(prep, settings)
         )
         self.agents: AgentPool = AgentPool(self.pool)
         self.runner_for, self.stages, self.tools = runner_for, stages, dict(tools or {})
+        self.direct_only = direct_only
         self.backend = prep.backend
         self.templates = prep.templates
         self.report: PreflightReport | None = None
@@ -156,6 +164,8 @@ class RemoteSession:
         from poprun_py.launch.preflight import preflight
 
         check_tools(self.tools)  # the launcher runs here: before any host is contacted
+        if self.direct_only:
+            self.pool.require_direct(self.direct_only)  # PreflightError: nothing started
         self._warm_up_renderer()  # while preflight waits for the hosts
         report = preflight(self.agents, prep.plan)
         self.report = report

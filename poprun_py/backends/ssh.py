@@ -3,7 +3,7 @@
 Per host, one channel on the host's existing connection runs :mod:`poprun_py.agent.host`
 (its source travels over stdin, so nothing is installed remotely). :class:`AgentPool` starts the
 agents and can first run preflight's commands through them (it answers ``map``/``run`` like a
-:class:`~poprun_py.ssh.transport.ConnectionPool`), so a whole launch -- preflight, staging, start --
+:class:`~poprun_py.ssh.pool.ConnectionPool`), so a whole launch -- preflight, staging, start --
 costs one login session per host. The agent then gets the host's part of the job as one JSON
 line on stdin -- shard files, ``job.files`` and every instance's argv, environment and cwd, so
 no environment value (secrets included) is ever in an argv or in ``ps`` -- writes the files
@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from poprun_py.backends.session import RemoteSession
     from poprun_py.prepare.job import Prepared
     from poprun_py.render.job import InstanceCommand, RenderedJob
-    from poprun_py.ssh.transport import ConnectionPool, SshSettings
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import SshSettings
 
 
 class SshBackend(Defaults):
@@ -93,7 +94,7 @@ class SshBackend(Defaults):
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Start (or reuse) every host's agent, supervise the job to the end, report all
         (fail-fast, with the signal handlers installed for this call)."""
-        from poprun_py.ssh.transport import ConnectionPool
+        from poprun_py.ssh.pool import ConnectionPool
 
         given = self._given
         if isinstance(given, AgentPool | ConnectionPool):
@@ -110,7 +111,7 @@ class SshBackend(Defaults):
 
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> SshRun:
         """Hand every host its part of the job; the returned run is waited on for the rest."""
-        from poprun_py.ssh.transport import ConnectionPool
+        from poprun_py.ssh.pool import ConnectionPool
 
         given = self._given
         if not isinstance(given, AgentPool | ConnectionPool):
@@ -125,7 +126,7 @@ class SshBackend(Defaults):
 
 
 def _default_settings() -> SshSettings:
-    from poprun_py.ssh.transport import SshSettings
+    from poprun_py.ssh.settings import SshSettings
 
     return SshSettings.of()
 

@@ -32,8 +32,8 @@ from poprun_py.process.signals import interrupting
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.ssh.fanout import LineFn
+    from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.sync import SyncReport
-    from poprun_py.ssh.transport import ConnectionPool
 
 Command = Annotated[
     list[str], typer.Argument(help="The command and its arguments (put them after --).")
@@ -194,7 +194,7 @@ def _print_sync_summary(report: SyncReport) -> None:
 def _connected(hosts: str | None, cluster: str | None, ssh: SshOptions) -> Iterator[ConnectionPool]:
     """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
     from poprun_py.prepare.job import ssh_settings
-    from poprun_py.ssh.transport import ConnectionPool
+    from poprun_py.ssh.pool import ConnectionPool
 
     spec = target_cluster(hosts, cluster)
     with ConnectionPool(spec.hosts, ssh_settings(spec, ssh)) as pool:

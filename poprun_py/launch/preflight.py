@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.transport import RemoteResult, SshSettings
+    from poprun_py.ssh.connection import RemoteResult
+    from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -352,7 +353,7 @@ def _collect(
     resolving: Mapping[str, Future[tuple[float, str | None]]],
 ) -> tuple[tuple[HostReport, ...], tuple[Fault, ...], tuple[str, ...]]:
     """Every host's report, the faults (host order) and the warnings."""
-    from poprun_py.ssh.transport import TransportError
+    from poprun_py.ssh.errors import TransportError
 
     faults: list[Fault] = []
     warnings: list[str] = []

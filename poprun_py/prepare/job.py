@@ -33,7 +33,7 @@ from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
-    from poprun_py.ssh.transport import SshSettings
+    from poprun_py.ssh.settings import SshSettings
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
@@ -55,7 +55,7 @@ class SshOptions:
 def ssh_settings(cluster: ClusterSpec, ssh: SshOptions) -> SshSettings:
     """How to reach ``cluster``'s hosts: flags first, then the cluster spec's ``ssh:`` (and its
     ``defaults.connect_timeout``), then the defaults. The one place every command gets them."""
-    from poprun_py.ssh.transport import SshSettings
+    from poprun_py.ssh.settings import SshSettings
 
     timeout = ssh.connect_timeout
     if timeout is not None and timeout <= 0:

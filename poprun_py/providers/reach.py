@@ -27,7 +27,8 @@ from poprun_py.providers.base import NullReporter, Reporter
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
-    from poprun_py.ssh.transport import Connection, SshSettings
+    from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.settings import SshSettings
 
 Probe = Callable[["HostSpec"], None]  # raises when the host does not answer (yet)
 CONNECT_TIMEOUT = 10.0
@@ -44,7 +45,7 @@ def ssh_settings(
     connect_timeout: float = CONNECT_TIMEOUT,
 ) -> SshSettings:
     """Transport settings for provisioned nodes (identity and user come with each host)."""
-    from poprun_py.ssh.transport import SshSettings
+    from poprun_py.ssh.settings import SshSettings
 
     return SshSettings.of(
         known_hosts=known_hosts,
@@ -60,7 +61,8 @@ class ProbeFatal(ProvisionError):
 
 def ssh_probe(settings: SshSettings) -> Probe:
     """A probe that opens an SSH connection to the host and runs ``true`` there."""
-    from poprun_py.ssh.transport import HostKeyError, connect
+    from poprun_py.ssh.connect import connect
+    from poprun_py.ssh.errors import HostKeyError
 
     def probe(host: HostSpec) -> None:
         try:
@@ -148,7 +150,7 @@ def on_each_host(
     hosts: Sequence[HostSpec], settings: SshSettings, fn: Callable[[Connection, HostSpec], _T]
 ) -> tuple[_T, ...]:
     """Open a connection to every host and run ``fn(connection, host)`` on each, in parallel."""
-    from poprun_py.ssh.transport import ConnectionPool
+    from poprun_py.ssh.pool import ConnectionPool
 
     try:
         with ConnectionPool(list(hosts), settings) as pool:

@@ -31,7 +31,8 @@ from poprun_py.providers.base import NullReporter, Reporter
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
-    from poprun_py.ssh.transport import Connection, SshSettings
+    from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.settings import SshSettings
 
 MARKER_ROOT = ".poprun-py/clusters"  # relative to the remote $HOME
 SETUP_TIMEOUT = 3600.0

@@ -4,7 +4,7 @@ remote command lines, the parallel ``exec`` fan-out (:mod:`~poprun_py.ssh.fanout
 
 Example:
 
-    >>> from poprun_py.ssh.transport import SshSettings
+    >>> from poprun_py.ssh.settings import SshSettings
     >>> SshSettings.of(connect_timeout=5.0).connect_timeout
     5.0
 """

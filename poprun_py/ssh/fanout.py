@@ -33,7 +33,8 @@ from poprun_py.errors import EXIT_INTERRUPTED, Interrupted
 from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
-    from poprun_py.ssh.transport import Connection, ConnectionPool
+    from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.pool import ConnectionPool
 
 EXIT_UNREACHABLE = 255
 EXIT_TIMEOUT = 124
@@ -152,7 +153,7 @@ def _run_all(
 
 
 def _outcome(host: str, got: HostOutcome | BaseException | None) -> HostOutcome:
-    from poprun_py.ssh.transport import Cancelled, RemoteTimeout, TransportError
+    from poprun_py.ssh.errors import Cancelled, RemoteTimeout, TransportError
 
     if isinstance(got, HostOutcome):
         return got

@@ -2,7 +2,8 @@
 
 Each path goes to the same absolute path on every host (or under ``dest``). Where ``rsync`` exists
 on both ends it is used, over ``ssh -F <generated config>``: the config repeats this pool's
-address, port, user and identity for each host, and pins the host key paramiko already verified
+address, port, user, identity, jump hosts and ProxyCommand for each host, and pins the host key
+paramiko already verified
 (``HostKeyAlias`` + a one-line known_hosts, ``StrictHostKeyChecking yes``), so rsync trusts
 exactly what the transport trusts. Elsewhere SFTP over the pool's own connection, skipping files
 whose size and mtime already match and setting mtime and mode after each upload. Either way an
@@ -24,6 +25,7 @@ import contextlib
 import os
 import posixpath
 import secrets
+import shlex
 import shutil
 import stat
 import subprocess
@@ -40,7 +42,8 @@ from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
 if TYPE_CHECKING:
     import paramiko
 
-    from poprun_py.ssh.transport import Connection, ConnectionPool
+    from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.pool import ConnectionPool
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(host, bytes_done, bytes_total)``; unchanged files count as done."""
@@ -194,7 +197,7 @@ def _report(
     entries: Sequence[Entry],
     total: int,
 ) -> SyncReport:
-    from poprun_py.ssh.transport import TransportError
+    from poprun_py.ssh.errors import TransportError
 
     faults = []
     for host in pool.hosts:
@@ -213,18 +216,28 @@ def _report(
 
 
 def write_ssh_config(directory: Path, conns: Sequence[Connection]) -> Path:
-    """An ssh_config (and known_hosts) making ``ssh -F`` reach each host as ``conns`` do."""
+    """An ssh_config (and known_hosts) making ``ssh -F`` reach each host as ``conns`` do, through
+    the same jump hosts (as ``ProxyCommand ssh -F <this config> -W``) or ProxyCommand."""
+    config = directory / "ssh_config"
     known = directory / "known_hosts"
+    names: dict[int, str] = {}
+    ordered: list[Connection] = []
+    for conn in conns:
+        for hop in conn.jumps:
+            if id(hop) not in names:
+                names[id(hop)] = f"poprun-jump-{len(names) + 1}"
+                ordered.append(hop)
+    for conn in conns:
+        names[id(conn)] = conn.name
+        ordered.append(conn)
     known.write_text(
         "".join(
-            f"{c.name} {key.get_name()} {key.get_base64()}\n"
-            for c in conns
+            f"{names[id(c)]} {key.get_name()} {key.get_base64()}\n"
+            for c in ordered
             for key in [c.transport.get_remote_server_key()]
         )
     )
-    blocks = [_host_block(c, known) for c in conns]
-    config = directory / "ssh_config"
-    config.write_text("".join(blocks))
+    config.write_text("".join(_host_block(c, names, known, config) for c in ordered))
     return config
 
 
@@ -234,14 +247,15 @@ def _quoted(value: str) -> str:
     return f'"{value}"'
 
 
-def _host_block(conn: Connection, known: Path) -> str:
+def _host_block(conn: Connection, names: dict[int, str], known: Path, config: Path) -> str:
     ep = conn.endpoint
+    name = names[id(conn)]
     lines = [
-        f"Host {conn.name}",
+        f"Host {name}",
         f"  HostName {ep.hostname}",
         f"  Port {ep.port}",
         f"  User {_quoted(ep.user)}",
-        f"  HostKeyAlias {conn.name}",  # the key below is pinned under the host's name
+        f"  HostKeyAlias {name}",  # the key below is pinned under the host's name
         f"  UserKnownHostsFile {_quoted(str(known))}",
         "  GlobalKnownHostsFile /dev/null",
         "  StrictHostKeyChecking yes",  # the transport verified this key; accept nothing else
@@ -252,10 +266,16 @@ def _host_block(conn: Connection, known: Path) -> str:
         "  LogLevel ERROR",
     ]
     lines += [f"  IdentityFile {_quoted(path)}" for path in ep.identity_files]
+    lines += [f"  CertificateFile {_quoted(path)}" for path in ep.certificate_files]
     if ep.explicit_identity:
         lines.append("  IdentitiesOnly yes")
-    if ep.proxy_command:
-        lines.append(f"  ProxyCommand {ep.proxy_command}")
+    if ep.identity_agent is not None:
+        lines.append(f"  IdentityAgent {_quoted(ep.identity_agent)}")
+    if conn.via is not None:  # through the jump host's own block, with this same config
+        hop = shlex.quote(names[id(conn.via)])
+        lines.append(f"  ProxyCommand ssh -F {shlex.quote(str(config))} -W [%h]:%p {hop}")
+    elif ep.proxy_command:
+        lines.append(f"  ProxyCommand {ep.proxy_command.replace('%', '%%')}")
     return "\n".join(lines) + "\n\n"
 
 
@@ -330,7 +350,7 @@ def _sftp_push(
     progress: ProgressFn | None,
 ) -> tuple[int, int]:
     """Send what differs in size or mtime; return (files sent, bytes sent)."""
-    from poprun_py.ssh.transport import makedirs
+    from poprun_py.ssh.connection import makedirs
 
     sftp = conn.sftp()
     for parent in parents:
@@ -378,7 +398,7 @@ def _ensure_dir(
     """Create the directory unless it exists; True if it was created."""
     if have is not None and have.st_mode is not None and stat.S_ISDIR(have.st_mode):
         return False
-    from poprun_py.ssh.transport import makedirs
+    from poprun_py.ssh.connection import makedirs
 
     makedirs(sftp, entry.remote)
     sftp.chmod(entry.remote, entry.mode)

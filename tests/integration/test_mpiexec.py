@@ -31,7 +31,8 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.integration.helpers import (
     left_behind,
     marked_on,

@@ -36,7 +36,8 @@ from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import (
     BINDING_PROBE,

@@ -16,7 +16,8 @@ from poprun_py.errors import PreflightError
 from poprun_py.launch.preflight import Checks, format_faults, preflight
 from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import TestCluster
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 
 pytestmark = pytest.mark.hosts
 

@@ -25,7 +25,8 @@ from poprun_py.providers.local import LocalProvider
 from poprun_py.providers.netns import TestCluster, destroy_cluster, host_pids, list_clusters
 from poprun_py.providers.reach import wait_for_ssh
 from poprun_py.providers.setup import MARKER_ROOT
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster, require_hosts, session_tag
 from tests.integration.helpers import poprun_cli
 

@@ -32,7 +32,8 @@ from poprun_py.prepare.discover import discover_local
 from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render import job as render
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import BINDING_PROBE, CPU1_TOPOLOGY, strays, usable_cpu1
 
@@ -569,7 +570,7 @@ from poprun_py.backends.result import RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_ssh_backend import make_job, plan_on, settings_for
-from poprun_py.ssh.transport import ConnectionPool
+from poprun_py.ssh.pool import ConnectionPool
 
 cluster = load_cluster(sys.argv[1])
 plan = plan_on(cluster, json.loads(sys.argv[2]))

@@ -19,8 +19,9 @@ import pytest
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
 from poprun_py.providers.netns import TestCluster
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from poprun_py.ssh.sync import sync
-from poprun_py.ssh.transport import ConnectionPool, SshSettings
 
 pytestmark = pytest.mark.hosts
 

@@ -18,7 +18,9 @@ from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
 from poprun_py.launch.preflight import preflight
 from poprun_py.providers.netns import TestCluster
-from poprun_py.ssh.transport import ConnectionPool, RemoteTimeout, SshSettings
+from poprun_py.ssh.errors import RemoteTimeout
+from poprun_py.ssh.pool import ConnectionPool
+from poprun_py.ssh.settings import SshSettings
 from tests.integration.helpers import sshd_log_count
 
 pytestmark = pytest.mark.hosts
@@ -162,7 +164,8 @@ def test_changed_host_key_is_refused_with_one_clear_line(test_cluster_4: TestClu
         assert [(f.host, f.check) for f in err.value.faults] == [(h2.name, "host key")]
         assert err.value.faults[0].detail == (
             f"host key for {h2.name} ({h2.address}) does not match known_hosts: "
-            "possible man-in-the-middle"
+            "possible man-in-the-middle (refused whatever StrictHostKeyChecking says; "
+            "remove the old key to go on)"
         )
         assert err.value.exit_code == 3
     assert tampered.read_text().count(key_of[h1.name]) == 2  # nothing was recorded

@@ -14,7 +14,8 @@ import pytest
 
 from poprun_py.core.spec import HostSpec
 from poprun_py.launch import preflight as pf
-from poprun_py.ssh.transport import RemoteResult, SshSettings
+from poprun_py.ssh.connection import RemoteResult
+from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
 

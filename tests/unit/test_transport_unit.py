@@ -28,6 +28,9 @@ from poprun_py.launch.preflight import (
     parse_check_output,
 )
 from poprun_py.prepare.discover import discover_local
+from poprun_py.ssh.commands import env_block, remote_command
+from poprun_py.ssh.config import endpoint_from
+from poprun_py.ssh.errors import HostKeyError
 from poprun_py.ssh.fanout import (
     HostOutcome,
     LineSplitter,
@@ -37,19 +40,15 @@ from poprun_py.ssh.fanout import (
     problems,
     worst_exit_code,
 )
-from poprun_py.ssh.sync import destination, rsync_argv, scan
-from poprun_py.ssh.transport import (
-    Endpoint,
-    HostKeyError,
+from poprun_py.ssh.known_hosts import (
+    HostKey,
     KnownHosts,
-    SshSettings,
-    _preferred_key_types,
-    env_block,
     parse_known_hosts,
-    remote_command,
-    resolve_endpoint,
+    preferred_key_types,
     verify_host_key,
 )
+from poprun_py.ssh.settings import Endpoint, SshSettings
+from poprun_py.ssh.sync import destination, rsync_argv, scan
 
 NASTY = [
     "a b",
@@ -151,7 +150,7 @@ def endpoint(
         key_names=names,
         known_hosts=tuple(files),
         record_to=tmp_path / "recorded",
-        accept_new=accept_new,
+        strict="accept-new" if accept_new else "yes",
     )
 
 
@@ -170,14 +169,15 @@ def test_known_hosts_patterns_hashed_negated_wildcard_and_port() -> None:
     assert [k.matches("h7") for k in keys][:1] == [True]
     assert keys[1].matches("ok.example") and not keys[1].matches("bad.example")
     assert keys[2].matches("[h8]:2222") and not keys[2].matches("h8")
-    assert keys[3].revoked and keys[3].matches("h9")
-    assert len(keys) == 4  # cert-authority and malformed lines skipped
+    assert keys[3].marker == "cert-authority" and keys[3].matches("n.ca")
+    assert keys[4].revoked and keys[4].matches("h9")
+    assert len(keys) == 5  # malformed line skipped
 
 
 def test_matching_key_is_accepted(tmp_path: Path) -> None:
     known = tmp_path / "kh"
     known.write_text(f"h2,198.18.9.12 ssh-ed25519 {KEY_A}\n")
-    verify_host_key(endpoint(tmp_path, [known]), "ssh-ed25519", BLOB_A, KnownHosts())
+    verify_host_key(endpoint(tmp_path, [known]), HostKey("ssh-ed25519", BLOB_A), KnownHosts())
 
 
 def test_changed_key_is_refused_even_with_accept_new(tmp_path: Path) -> None:
@@ -185,35 +185,40 @@ def test_changed_key_is_refused_even_with_accept_new(tmp_path: Path) -> None:
     known.write_text(f"h2 ssh-ed25519 {KEY_A}\n")
     ep = endpoint(tmp_path, [known], accept_new=True)
     with pytest.raises(HostKeyError) as err:
-        verify_host_key(ep, "ssh-ed25519", BLOB_B, KnownHosts(), peer="198.18.9.12")
+        verify_host_key(ep, HostKey("ssh-ed25519", BLOB_B), KnownHosts(), peer="198.18.9.12")
     assert str(err.value) == (
-        "host key for h2 (198.18.9.12) does not match known_hosts: possible man-in-the-middle"
+        "host key for h2 (198.18.9.12) does not match known_hosts: possible man-in-the-middle "
+        "(refused whatever StrictHostKeyChecking says; remove the old key to go on)"
     )
     assert not (tmp_path / "recorded").exists()
 
 
 def test_unknown_key_is_refused_unless_accept_new_then_recorded(tmp_path: Path) -> None:
     with pytest.raises(HostKeyError, match=r"not in known_hosts .*--accept-new-host-keys"):
-        verify_host_key(endpoint(tmp_path, []), "ssh-ed25519", BLOB_A, KnownHosts())
-    verify_host_key(endpoint(tmp_path, [], accept_new=True), "ssh-ed25519", BLOB_A, KnownHosts())
+        verify_host_key(endpoint(tmp_path, []), HostKey("ssh-ed25519", BLOB_A), KnownHosts())
+    verify_host_key(
+        endpoint(tmp_path, [], accept_new=True), HostKey("ssh-ed25519", BLOB_A), KnownHosts()
+    )
     recorded = tmp_path / "recorded"
     assert recorded.read_text() == f"198.18.9.12,h2 ssh-ed25519 {KEY_A}\n"
     assert recorded.stat().st_mode & 0o777 == 0o600
     # read back by a fresh lookup: now known
-    verify_host_key(endpoint(tmp_path, [recorded]), "ssh-ed25519", BLOB_A, KnownHosts())
+    verify_host_key(endpoint(tmp_path, [recorded]), HostKey("ssh-ed25519", BLOB_A), KnownHosts())
 
 
 def test_revoked_key_is_refused(tmp_path: Path) -> None:
     known = tmp_path / "kh"
     known.write_text(f"@revoked h2 ssh-ed25519 {KEY_A}\n")
     with pytest.raises(HostKeyError, match="revoked"):
-        verify_host_key(endpoint(tmp_path, [known], True), "ssh-ed25519", BLOB_A, KnownHosts())
+        verify_host_key(
+            endpoint(tmp_path, [known], True), HostKey("ssh-ed25519", BLOB_A), KnownHosts()
+        )
 
 
 def test_known_key_types_are_asked_for_first() -> None:
     keys = parse_known_hosts(f"h ssh-rsa {KEY_A}\n")
     offered = ["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"]
-    assert _preferred_key_types(keys, offered)[:2] == ["rsa-sha2-512", "rsa-sha2-256"]
+    assert preferred_key_types(keys, offered)[:2] == ["rsa-sha2-512", "rsa-sha2-256"]
 
 
 # ---------------------------------------------------------------- endpoints and ssh config
@@ -231,8 +236,20 @@ Host aliased
 """
 
 
-def options(name: str) -> dict[str, object]:
-    return dict(paramiko.SSHConfig.from_text(CONFIG).lookup(name))
+def options(name: str) -> dict[str, list[str]]:
+    found = paramiko.SSHConfig.from_text(CONFIG).lookup(name)
+    return {k: v if isinstance(v, list) else [v] for k, v in found.items()}
+
+
+def resolve_endpoint(
+    host: HostSpec, settings: SshSettings, opts: dict[str, list[str]], home: Path
+) -> Endpoint:
+    old = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        return endpoint_from(host, settings, opts, expanded=True)
+    finally:
+        os.environ["HOME"] = old or ""
 
 
 def test_ssh_config_supplies_address_user_port_identity_and_known_hosts(tmp_path: Path) -> None:

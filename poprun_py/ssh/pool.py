@@ -1,0 +1,230 @@
+"""Connections to many hosts (:class:`ConnectionPool`): opened in parallel, each in its own worker
+(which also resolves that host's ssh configuration), and reused for everything a launch does
+(preflight, sync, exec, launch). Hosts behind the same jump host share one connection to it.
+
+Example::
+
+    with ConnectionPool(hosts, SshSettings(known_hosts=Path("known_hosts"))) as pool:
+        pool.open_all()          # PreflightError listing every host that cannot be used
+        outcomes = pool.map(lambda conn: conn.run(["hostname"]))
+
+    >>> ConnectionPool([], SshSettings()).connect_all()
+    {}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, TypeVar
+
+from poprun_py.core.spec import HostSpec
+from poprun_py.errors import Fault, PreflightError, UsageError
+from poprun_py.ssh.connect import Context, connect
+from poprun_py.ssh.connection import Connection
+from poprun_py.ssh.errors import TransportError
+from poprun_py.ssh.settings import SshSettings
+
+T = TypeVar("T")
+
+
+class _Gate:
+    """Counts the hosts whose configuration is resolved; remembers the first failure."""
+
+    def __init__(self, waiting: set[str]):
+        self.waiting = frozenset(waiting)
+        self._left = set(waiting)
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        if not waiting:
+            self._done.set()
+
+    def arrive(self, name: str, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._left.discard(name)
+            if error is not None and self._error is None:
+                self._error = error
+            if not self._left or self._error is not None:
+                self._done.set()
+
+    def wait(self) -> None:
+        """Block until every host resolved; raise the failure (bad input) if one did not."""
+        self._done.wait()
+        if self._error is not None:
+            raise _Aborted from None
+
+    def check(self) -> None:
+        """After the workers: raise the resolution failure, if any."""
+        if self._error is not None:
+            raise self._error
+
+
+class _Aborted(Exception):
+    """Another host's configuration could not be resolved: this one does nothing."""
+
+
+class ConnectionPool:
+    """Connections to many hosts, opened in parallel and reused; a context manager."""
+
+    def __init__(self, hosts: Sequence[HostSpec], settings: SshSettings, max_workers: int = 64):
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise UsageError("a host is listed twice")
+        self.hosts = tuple(hosts)
+        self.settings = settings
+        self.connections: dict[str, Connection] = {}
+        self.errors: dict[str, TransportError] = {}
+        self._context = Context(settings)
+        self._workers = max(1, min(max_workers, len(self.hosts)))
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def resolver_kind(self) -> str:
+        """``openssh`` (``ssh -G``) or ``paramiko`` (the fallback reader)."""
+        return self._context.resolver.kind
+
+    @property
+    def resolve_seconds(self) -> dict[str, float]:
+        """What resolving each host's (and jump host's) ssh configuration took."""
+        return dict(self._context.resolver.seconds)
+
+    def __enter__(self) -> ConnectionPool:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _parallel(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | BaseException]:
+        if not items:
+            return []
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="poprun-ssh")
+        futures = [self._executor.submit(fn, item) for item in items]
+        outcomes: list[T | BaseException] = []
+        for future in futures:
+            try:
+                outcomes.append(future.result())
+            except BaseException as exc:  # keep every host's outcome
+                outcomes.append(exc)
+        return outcomes
+
+    def _open(self, host: HostSpec) -> Connection:
+        """The host's connection, opened now if needed; failures are remembered in ``errors``."""
+        with self._lock:
+            conn = self.connections.get(host.name)
+        if conn is not None:
+            return conn
+        try:
+            conn = connect(host, self.settings, self._context)
+        except TransportError as exc:
+            with self._lock:
+                self.errors[host.name] = exc
+            raise
+        with self._lock:
+            self.connections[host.name] = conn
+            self.errors.pop(host.name, None)
+        return conn
+
+    def resolve_all(self) -> None:
+        """Resolve every host's ssh configuration, in parallel, before anything connects: a bad
+        config is a UsageError naming its file and line, and nothing has started."""
+        todo = [h for h in self.hosts if h.name not in self.connections]
+        for outcome in self._parallel(self._context.resolver.endpoint, todo):
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    def require_direct(self, why: str) -> None:
+        """Raise PreflightError (one fault) if any host is configured behind a ProxyJump."""
+        self.resolve_all()
+        behind = [h.name for h in self.hosts if self._context.resolver.endpoint(h).jumps]
+        if behind:
+            names = ", ".join(behind)
+            raise PreflightError([Fault(behind[0], "ssh", f"{names}: behind a ProxyJump; {why}")])
+
+    def connect_all(self) -> dict[str, TransportError]:
+        """Open every host not yet open; return the hosts that failed, with why."""
+        todo = [h for h in self.hosts if h.name not in self.connections]
+        opener, gate = self._opener(todo)
+        outcomes = self._parallel(opener, todo)
+        gate.check()
+        failed: dict[str, TransportError] = {}
+        for host, outcome in zip(todo, outcomes, strict=True):
+            if isinstance(outcome, TransportError):
+                failed[host.name] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return failed
+
+    def open_all(self) -> dict[str, Connection]:
+        """Open every host; raise PreflightError with one fault per host that cannot be used."""
+        failed = self.connect_all()
+        if failed:
+            raise PreflightError([failed[h.name].fault() for h in self.hosts if h.name in failed])
+        return dict(self.connections)
+
+    def map(
+        self,
+        fn: Callable[[Connection], T],
+        hosts: Iterable[str] | None = None,
+        *,
+        connect: bool = False,
+    ) -> dict[str, T | BaseException]:
+        """``fn`` on every open connection (or those of ``hosts``) in parallel; every outcome.
+
+        With ``connect``, hosts not yet open are connected first, each in its own worker (so a
+        host starts ``fn`` as soon as it is up); a host that cannot be reached yields its
+        TransportError.
+        """
+        wanted = set(hosts) if hosts is not None else None
+        todo = [
+            h
+            for h in self.hosts
+            if (connect or h.name in self.connections) and (wanted is None or h.name in wanted)
+        ]
+        opener, gate = self._opener([h for h in todo if h.name not in self.connections])
+        outcomes = self._parallel(lambda host: fn(opener(host)), todo)
+        gate.check()
+        return {h.name: out for h, out in zip(todo, outcomes, strict=True)}
+
+    def _opener(self, todo: Sequence[HostSpec]) -> tuple[Callable[[HostSpec], Connection], _Gate]:
+        """How workers open ``todo``: each resolves its host's configuration, connects, then
+        waits until every host's configuration resolved; if one failed (bad input), nothing
+        runs and :meth:`_Gate.check` raises its error. With more hosts than workers (which
+        could then wait on hosts not yet started), every host is resolved first instead."""
+        gate = _Gate({h.name for h in todo})
+        if len(todo) > self._workers:
+            self.resolve_all()
+            return self._open, gate
+        resolver = self._context.resolver
+
+        def opener(host: HostSpec) -> Connection:
+            if host.name in gate.waiting:
+                try:
+                    resolver.endpoint(host)
+                except BaseException as exc:
+                    gate.arrive(host.name, exc)
+                    raise
+                gate.arrive(host.name)
+            conn = self._open(host)
+            gate.wait()
+            return conn
+
+        return opener, gate
+
+    def close(self) -> None:
+        """Close every connection and the worker threads."""
+        for conn in self.connections.values():
+            with contextlib.suppress(Exception):
+                conn.close()
+        self.connections.clear()
+        self._context.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None

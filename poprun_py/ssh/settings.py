@@ -1,0 +1,128 @@
+"""How to reach hosts: :class:`SshSettings` (the command line's and spec's side) and
+:class:`Endpoint` (one host after the host spec, the settings and its ssh configuration).
+
+Precedence for user, port and identity: the :class:`~poprun_py.core.spec.HostSpec`, then
+:class:`SshSettings`, then the ssh configuration (OpenSSH's own ``ssh -G`` or the fallback parser,
+:mod:`poprun_py.ssh.config`).
+
+Example:
+
+    >>> SshSettings.of(connect_timeout=5.0, user="me").user
+    'me'
+    >>> Hop.parse("admin@bastion:2222")
+    Hop(host='bastion', user='admin', port=2222)
+    >>> Hop.parse("[fe80::1]:22").host
+    'fe80::1'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from poprun_py.errors import UsageError
+
+STRICT_VALUES = ("yes", "accept-new", "no")
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How to reach hosts; the command-line side of the ssh settings."""
+
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    ssh_config: Path | None = None
+    identity_file: str | None = None
+    user: str | None = None
+
+    @staticmethod
+    def of(
+        *,
+        known_hosts: str | None = None,
+        ssh_config: str | None = None,
+        accept_new_host_keys: bool = False,
+        connect_timeout: float = 10.0,
+        identity_file: str | None = None,
+        user: str | None = None,
+    ) -> SshSettings:
+        """Settings from the plain strings specs and flags carry (empty means not given)."""
+        return SshSettings(
+            known_hosts=Path(known_hosts) if known_hosts else None,
+            accept_new_host_keys=accept_new_host_keys,
+            connect_timeout=connect_timeout,
+            ssh_config=Path(ssh_config) if ssh_config else None,
+            identity_file=identity_file,
+            user=user,
+        )
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One ``ProxyJump`` hop as written: ``[user@]host[:port]``."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    @staticmethod
+    def parse(text: str) -> Hop:
+        """``user@host:port``, ``host``, ``[v6addr]:port``; ``ssh://`` URIs too."""
+        spec = text.strip().removeprefix("ssh://").rstrip("/")
+        user, _, rest = spec.rpartition("@")
+        host, port = rest, ""
+        if rest.startswith("["):
+            host, _, tail = rest[1:].partition("]")
+            port = tail.removeprefix(":")
+        elif rest.count(":") == 1:
+            host, port = rest.split(":")
+        if not host or (port and not port.isdigit()):
+            raise UsageError(f"bad ProxyJump hop {text!r}: use [user@]host[:port]")
+        return Hop(host, user or None, int(port) if port else None)
+
+    def __str__(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.host}{port}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and as whom to reach one host, after the host spec, settings and ssh config."""
+
+    name: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    explicit_identity: bool
+    key_names: tuple[str, ...]
+    known_hosts: tuple[Path, ...]
+    record_to: Path | None
+    strict: str = "yes"  # StrictHostKeyChecking: yes | accept-new | no
+    proxy_command: str | None = None
+    jumps: tuple[Hop, ...] = ()
+    certificate_files: tuple[str, ...] = ()
+    identity_agent: str | None = None  # None: $SSH_AUTH_SOCK; "none": no agent; else a path
+    connect_timeout: float | None = None  # the config's ConnectTimeout
+    host_key_alias: str | None = None
+
+    @property
+    def plain_names(self) -> tuple[str, ...]:
+        """The known_hosts names without the ``[...]:port`` form."""
+        return tuple(n[1:].rpartition("]:")[0] if n.startswith("[") else n for n in self.key_names)
+
+    @property
+    def label(self) -> str:
+        """``h2 (198.18.0.12)``, or the name alone when it is the address."""
+        return self.name if self.hostname == self.name else f"{self.name} ({self.hostname})"
+
+    @property
+    def accept_new(self) -> bool:
+        """True if a key never seen for this host is accepted (and recorded where possible)."""
+        return self.strict in ("accept-new", "no")
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """What makes two endpoints the same login (jump connections are shared by it)."""
+        return (self.name, self.hostname, self.port, self.user)
