@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
+from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
@@ -117,11 +119,16 @@ def confirm_cost(notice: str, yes: bool) -> None:
 
 
 @app.command("up")
-def up_command(
+def up_command(  # noqa: PLR0917 - typer maps every option to a parameter
     cluster: ClusterArg,
     yes: Yes = False,
     accept_new_host_keys: AcceptNew = False,
     wait_timeout: WaitTimeout = None,
+    connect_timeout: o.ConnectTimeout = None,
+    known_hosts: o.KnownHosts = None,
+    ssh_config: o.SshConfig = None,
+    identity: o.Identity = None,
+    user: o.User = None,
 ) -> None:
     """Create the cluster's nodes, wait for SSH, run its setup script, write the inventory."""
     from poprun_py.providers.lifecycle import provider_for, up
@@ -139,6 +146,7 @@ def up_command(
             provider=provider,
             wait_timeout=wait_timeout,
             accept_new_host_keys=accept_new_host_keys,
+            ssh=SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout),
         )
     ran = sum(o.ran for o in result.setup)
     setup = f"; setup ran on {ran}, unchanged on {len(result.setup) - ran}" if result.setup else ""
@@ -150,14 +158,23 @@ def up_command(
 
 
 @app.command("down")
-def down_command(cluster: ClusterArg, accept_new_host_keys: AcceptNew = False) -> None:
+def down_command(  # noqa: PLR0917 - typer maps every option to a parameter
+    cluster: ClusterArg,
+    accept_new_host_keys: AcceptNew = False,
+    connect_timeout: o.ConnectTimeout = None,
+    known_hosts: o.KnownHosts = None,
+    ssh_config: o.SshConfig = None,
+    identity: o.Identity = None,
+    user: o.User = None,
+) -> None:
     """Remove everything poprun-py created for the cluster (harmless when nothing exists)."""
     from poprun_py.providers.lifecycle import down
 
     spec = _spec_or_name(cluster)
     started = time.monotonic()
     with RichReporter() as reporter:
-        result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys)
+        ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
+        result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys, ssh=ssh)
     what = ", ".join(f"{r.kind} {r.id}" for r in result.removed) or "nothing to remove"
     sys.stderr.write(
         f"poprun-py: cluster {spec.name} is down in {time.monotonic() - started:.1f}s: {what}\n"

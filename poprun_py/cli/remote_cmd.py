@@ -25,8 +25,8 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
-from poprun_py.prepare.job import SshOptions
 from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:

@@ -187,3 +187,15 @@ def _merge_host(known: HostSpec | None, entry: HostEntry, topology: Topology | N
         topology=known.topology or topology,
         slots=entry.slots or known.slots,
     )
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """The SSH flags every remote command takes (``launch``, ``exec``, ``sync``...), as given."""
+
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    identity: str | None = None
+    user: str | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float | None = None

@@ -28,7 +28,7 @@ from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputSet
-from poprun_py.core.spec import ClusterSpec, EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.core.spec import ClusterSpec, EnvVar, JobSpec, SshOptions, cluster_from_hosts
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 
@@ -38,18 +38,6 @@ if TYPE_CHECKING:
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """The SSH flags every remote command takes (``launch``, ``exec``, ``sync``...), as given."""
-
-    known_hosts: str | None = None
-    ssh_config: str | None = None
-    identity: str | None = None
-    user: str | None = None
-    accept_new_host_keys: bool = False
-    connect_timeout: float | None = None
 
 
 def ssh_settings(cluster: ClusterSpec, ssh: SshOptions) -> SshSettings:

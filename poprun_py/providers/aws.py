@@ -139,6 +139,7 @@ class AwsProvider:
             accept_new_host_keys=True,
             timeout=ctx.wait_timeout or WAIT_TIMEOUT,
             reporter=ctx.reporter,
+            flags=ctx.ssh,
         )
         return True
 

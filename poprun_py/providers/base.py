@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from poprun_py.core.spec import SshOptions
+
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.providers.records import Node, ProvisionRecord, Resource
@@ -58,6 +60,7 @@ class ProvisionContext:
     reporter: Reporter = field(default_factory=NullReporter)
     wait_timeout: float | None = None  # None: the provider's own default
     accept_new_host_keys: bool = False  # static nodes: trust unknown host keys on first contact
+    ssh: SshOptions = field(default_factory=SshOptions)  # up/down's SSH flags, before the record's
 
 
 class Provider(Protocol):

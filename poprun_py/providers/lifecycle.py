@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from poprun_py.core.spec import ClusterSpec, ProviderSpec
+from poprun_py.core.spec import ClusterSpec, ProviderSpec, SshOptions
 from poprun_py.errors import PoprunError, ProvisionError
 from poprun_py.providers import get_provider
 from poprun_py.providers.base import NullReporter, Provider, ProvisionContext, Reporter
@@ -71,11 +71,15 @@ def up(
     wait_timeout: float | None = None,
     accept_new_host_keys: bool = False,
     provider: Provider | None = None,
+    ssh: SshOptions | None = None,
 ) -> UpResult:
-    """Create or reuse the cluster's nodes, wait for SSH, run setup, write the inventory."""
+    """Create or reuse the cluster's nodes, wait for SSH, run setup, write the inventory.
+    ``ssh``: the SSH flags, before what the provider recorded (as every remote command)."""
     provider = provider or provider_for(spec)
     state = ClusterState.of(spec.name, root)
-    ctx = ProvisionContext(state, reporter or NullReporter(), wait_timeout, accept_new_host_keys)
+    ctx = ProvisionContext(
+        state, reporter or NullReporter(), wait_timeout, accept_new_host_keys, ssh or SshOptions()
+    )
     record = provider.create(spec, ctx)
     reachable = provider.wait_until_reachable(record, ctx)
     outcomes: tuple[SetupOutcome, ...] = ()
@@ -94,7 +98,9 @@ def _setup(
     from poprun_py.providers.reach import ssh_settings
 
     assert spec.setup is not None
-    settings = ssh_settings(known_hosts=record.known_hosts, ssh_config=record.ssh_config)
+    settings = ssh_settings(
+        known_hosts=record.known_hosts, ssh_config=record.ssh_config, flags=ctx.ssh
+    )
     return run_setup(record.host_specs(), spec.name, spec.setup, settings, ctx.reporter)
 
 
@@ -105,12 +111,16 @@ def down(
     root: Path | None = None,
     accept_new_host_keys: bool = False,
     provider: Provider | None = None,
+    ssh: SshOptions | None = None,
 ) -> DownResult:
     """Remove everything ``up`` created for ``spec``; harmless when nothing exists."""
     provider = provider or provider_for(spec)
     state = ClusterState.of(spec.name, root)
     ctx = ProvisionContext(
-        state, reporter or NullReporter(), accept_new_host_keys=accept_new_host_keys
+        state,
+        reporter or NullReporter(),
+        accept_new_host_keys=accept_new_host_keys,
+        ssh=ssh or SshOptions(),
     )
     try:
         record = state.load()

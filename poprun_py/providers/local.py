@@ -150,6 +150,7 @@ class LocalProvider:
             known_hosts=record.known_hosts,
             timeout=ctx.wait_timeout or WAIT_TIMEOUT,
             reporter=ctx.reporter,
+            flags=ctx.ssh,
         )
         return True
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
-from poprun_py.errors import PoprunError, ProvisionError
+from poprun_py.core.spec import SshOptions
+from poprun_py.errors import PoprunError, ProvisionError, UsageError
 from poprun_py.providers.base import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -43,15 +44,23 @@ def ssh_settings(
     accept_new_host_keys: bool = False,
     ssh_config: str | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
+    flags: SshOptions | None = None,
 ) -> SshSettings:
-    """Transport settings for provisioned nodes (identity and user come with each host)."""
+    """Transport settings for provisioned nodes: ``up``/``down``'s SSH flags first (as every
+    remote command takes them), then what the provider recorded; identity and user otherwise
+    come with each host."""
     from poprun_py.ssh.settings import SshSettings
 
+    flags = flags or SshOptions()
+    if flags.connect_timeout is not None and flags.connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout must be more than 0, got {flags.connect_timeout}")
     return SshSettings.of(
-        known_hosts=known_hosts,
-        ssh_config=ssh_config,
-        accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout,
+        known_hosts=flags.known_hosts or known_hosts,
+        ssh_config=flags.ssh_config or ssh_config,
+        accept_new_host_keys=accept_new_host_keys or flags.accept_new_host_keys,
+        connect_timeout=flags.connect_timeout or connect_timeout,
+        identity_file=flags.identity,
+        user=flags.user,
     )
 
 
@@ -89,6 +98,7 @@ def wait_for_ssh(
     reporter: Reporter | None = None,
     interval: float = 1.0,
     probe: Probe | None = None,
+    flags: SshOptions | None = None,
 ) -> None:
     """Block until every host answers SSH; ProvisionError naming the ones that never did."""
     if probe is None:
@@ -97,6 +107,7 @@ def wait_for_ssh(
             accept_new_host_keys=accept_new_host_keys,
             ssh_config=ssh_config,
             connect_timeout=min(CONNECT_TIMEOUT, max(timeout, 1.0)),
+            flags=flags,
         )
         probe = ssh_probe(settings)
     report = reporter or NullReporter()

@@ -83,6 +83,7 @@ class StaticProvider:
             accept_new_host_keys=ctx.accept_new_host_keys,
             timeout=ctx.wait_timeout or WAIT_TIMEOUT,
             reporter=ctx.reporter,
+            flags=ctx.ssh,
         )
         return True
 
@@ -98,6 +99,7 @@ class StaticProvider:
             known_hosts=record.known_hosts if record else spec.known_hosts,
             ssh_config=record.ssh_config if record else spec.ssh_config,
             accept_new_host_keys=ctx.accept_new_host_keys,
+            flags=ctx.ssh,
         )
         ctx.reporter.start("cleaning setup directories", len(hosts))
         cleaned = clean_setup(hosts, spec.name, settings)

@@ -288,3 +288,31 @@ def test_wait_for_ssh_stops_at_once_on_an_unknown_host_key(
     assert time.monotonic() - started < 5
     wait_for_ssh([one_host(cluster)], known_hosts=str(empty), accept_new_host_keys=True, timeout=10)
     assert cluster.hosts[0].address in empty.read_text()
+
+
+def test_up_and_down_take_the_ssh_options_every_remote_command_takes(
+    make_test_cluster: MakeCluster, state_dir: Path, tmp_path: Path
+) -> None:
+    """A static spec naming only the hosts (no key, no known_hosts, no user): ``up`` and
+    ``down`` get in with ``--ssh-config`` alone, as ``exec`` would, and are refused without."""
+    cluster = make_test_cluster(2, "pq")
+    name = f"sq{os.getpid()}"
+    spec = tmp_path / "static.yaml"
+    names = "".join(f"  - name: {h}\n" for h in cluster.host_names)
+    spec.write_text(f"name: {name}\nprovider: {{kind: static}}\nsetup: hostname\nhosts:\n{names}")
+    env_home = {**os.environ, "HOME": str(tmp_path)}  # no ~/.ssh of this machine's
+    argv = [sys.executable, "-m", "poprun_py"]
+    run = functools.partial(
+        subprocess.run, capture_output=True, text=True, timeout=120, env=env_home, check=False
+    )
+    refused = run([*argv, "up", str(spec), "--wait-timeout", "2"])
+    assert refused.returncode == 1, refused.stderr  # a provider's failure: exit 1, one line
+    assert refused.stderr.strip().splitlines()[-1].startswith("poprun-py: error: ")
+    flags = ["--ssh-config", str(cluster.ssh_config), "--connect-timeout", "5"]
+    went_up = run([*argv, "up", str(spec), *flags])
+    assert went_up.returncode == 0, went_up.stderr
+    marker = Path.home() / MARKER_ROOT / name  # the hosts share this machine's filesystem
+    assert sorted(p.name for p in marker.iterdir()) == sorted(cluster.host_names)
+    went_down = run([*argv, "down", str(spec), *flags])
+    assert went_down.returncode == 0, went_down.stderr
+    assert not marker.exists()

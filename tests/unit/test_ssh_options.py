@@ -14,10 +14,10 @@ import typer.main
 from poprun_py.cli.app import app
 from poprun_py.cli.remote_cmd import target_cluster
 from poprun_py.core.hosts import parse_hosts
-from poprun_py.core.spec import cluster_from_hosts
+from poprun_py.core.spec import SshOptions, cluster_from_hosts
 from poprun_py.errors import UsageError
 from poprun_py.launch import launcher
-from poprun_py.prepare.job import LaunchOptions, SshOptions, prepare, ssh_settings
+from poprun_py.prepare.job import LaunchOptions, prepare, ssh_settings
 from poprun_py.prepare.specfile import parse_cluster
 
 SSH_OPTIONS = {
@@ -49,11 +49,12 @@ def spec_file(tmp_path: Path) -> Path:
 def options_of(command: str) -> set[str]:
     importlib.import_module("poprun_py.cli.launch_cmd")  # registers plan, render, launch
     importlib.import_module("poprun_py.cli.remote_cmd")  # registers exec, sync
+    importlib.import_module("poprun_py.cli.provision_cmd")  # registers up, down
     cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
     return {d for p in cmd.params if p.param_type_name == "option" for d in p.opts}
 
 
-@pytest.mark.parametrize("command", ["launch", "plan", "render", "exec", "sync"])
+@pytest.mark.parametrize("command", ["launch", "plan", "render", "exec", "sync", "up", "down"])
 def test_every_remote_command_takes_the_same_ssh_options(command: str) -> None:
     assert options_of(command) >= SSH_OPTIONS
 
@@ -116,3 +117,17 @@ def test_a_bad_connect_timeout_is_refused() -> None:
     spec = cluster_from_hosts(parse_hosts("h1"))
     with pytest.raises(UsageError, match="--connect-timeout must be more than 0"):
         ssh_settings(spec, SshOptions(connect_timeout=0))
+
+
+def test_up_and_down_put_the_flags_before_what_the_provider_recorded() -> None:
+    from poprun_py.providers.reach import ssh_settings as provisioned
+
+    recorded = provisioned(known_hosts="/state/kh", ssh_config="/state/cfg")
+    assert (str(recorded.known_hosts), recorded.user) == ("/state/kh", None)
+    flags = SshOptions(ssh_config="/mine/cfg", identity="/mine/key", user="ops", connect_timeout=2)
+    given = provisioned(known_hosts="/state/kh", ssh_config="/state/cfg", flags=flags)
+    assert str(given.known_hosts) == "/state/kh"  # not given: the provider's
+    assert (given.user, given.connect_timeout) == ("ops", 2)
+    assert (str(given.ssh_config), given.identity_file) == ("/mine/cfg", "/mine/key")
+    with pytest.raises(UsageError, match="--connect-timeout"):
+        provisioned(known_hosts=None, flags=SshOptions(connect_timeout=0))
