@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[str, int, int], None]
 """``progress(host, bytes_done, bytes_total)``; unchanged files count as done."""
 
+RSYNC_MISSING = "rsync not found on PATH; install rsync (Debian: rsync), or --method auto"
 METHODS = ("auto", "rsync", "sftp")
 _PROBE = 'mkdir -p -- "$@" && if command -v rsync >/dev/null 2>&1; then echo rsync; fi'
 
@@ -155,6 +156,8 @@ def sync(
     if method not in METHODS:
         raise UsageError(f"unknown sync method {method!r}; choose one of: {', '.join(METHODS)}")
     entries = scan(paths, dest)
+    if method == "rsync" and shutil.which("rsync") is None:  # before any host is contacted
+        raise PreflightError([Fault("localhost", "rsync", RSYNC_MISSING)])
     conns = pool.open_all()
     total = sum(e.size for e in entries if e.kind == "file")
     parents = sorted({posixpath.dirname(destination(p, dest)) for p in paths})
@@ -183,11 +186,11 @@ def _remote_rsync(conn: Connection, parents: Sequence[str], method: str, local: 
     """Create the parent directories and say whether the host has rsync (one round trip)."""
     if not local:
         if method == "rsync":
-            raise UsageError("rsync not found on this machine")
+            raise PreflightError([Fault("localhost", "rsync", RSYNC_MISSING)])
         return False
     has_rsync = "rsync" in conn.run(["sh", "-c", _PROBE, "sh", *parents]).stdout
     if method == "rsync" and not has_rsync:
-        raise UsageError(f"{conn.name}: rsync not found on the host")
+        raise PreflightError([Fault(conn.name, "rsync", "rsync not found on the host")])
     return has_rsync
 
 
@@ -204,6 +207,8 @@ def _report(
         outcome = outcomes.get(host.name)
         if isinstance(outcome, TransportError):
             faults.append(Fault(host.name, "sync", outcome.detail))
+        elif isinstance(outcome, PreflightError):
+            faults.extend(outcome.faults)
         elif isinstance(outcome, BaseException):
             faults.append(Fault(host.name, "sync", str(outcome) or type(outcome).__name__))
     if faults:
