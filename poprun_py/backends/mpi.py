@@ -25,11 +25,18 @@ if TYPE_CHECKING:
 def mpirun_render_args(prep: Prepared) -> RenderArgs:
     """Open MPI's render arguments: the user's options plus the daemons' start, the interface
     selection, and whether it runs as root."""
-    return RenderArgs(
-        mpi_args=mpirun_args_for(prep),
-        mpi_subnet=mpi_subnet(prep.plan, prep.mpi_args),
-        as_root=as_root(prep.plan),
-    )
+    plan = prep.plan
+    subnet = mpi_subnet(plan, prep.mpi_args)
+    if plan.network and subnet and here_on(plan.network):
+        subnet = plan.network  # the daemons' too (the ranks' follow plan.network in mpirun.j2)
+    return RenderArgs(mpirun_args_for(prep), subnet, as_root(plan))
+
+
+def here_on(network: str) -> bool:
+    """True when this machine has an address in ``network``."""
+    from poprun_py.prepare.discover import discover_hardware
+
+    return discover_hardware(addresses=True).interface_in(network) is not None
 
 
 def mpirun_args_for(prep: Prepared) -> tuple[str, ...]:

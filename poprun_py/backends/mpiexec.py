@@ -129,10 +129,20 @@ def mpiexec_render_args(prep: Prepared) -> RenderArgs:
     from poprun_py.render.job import RenderArgs
 
     if prep.plan.cluster.all_local:
-        return RenderArgs(mpi_args=prep.mpi_args)
+        return RenderArgs(mpi_args=(*prep.mpi_args, *iface_args(prep)))
     here = source_address(prep.plan.hosts[0].spec.target)
     address = str(here) if here is not None else None
-    return RenderArgs(mpi_args=mpiexec_args(prep.mpi_args, local_address=address))
+    args = mpiexec_args(prep.mpi_args, local_address=address)
+    return RenderArgs(mpi_args=(*args, *iface_args(prep)))
+
+
+def iface_args(prep: Prepared) -> tuple[str, ...]:
+    """``-iface NAME`` for ``--network`` when every host's interface in it has the same name
+    (hydra takes one name for all hosts; the ranks' UCX_NET_DEVICES name each host's own)."""
+    names = {name for name, _ in prep.plan.interfaces.values()}
+    if len(names) != 1 or any(a in ADDRESS_OPTIONS for a in prep.mpi_args):
+        return ()
+    return ("-iface", names.pop())
 
 
 class MpiexecBackend(Defaults):

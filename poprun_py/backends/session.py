@@ -66,11 +66,16 @@ def ssh_settings(prep: Prepared, settings: RunSettings) -> SshSettings:
     return resolve(prep.plan.cluster, flags)
 
 
-def with_topologies(prep: Prepared, found: Mapping[str, Topology | None]) -> Prepared:
-    """The prepared job re-planned with discovered topologies where the spec declared none."""
+def with_topologies(
+    prep: Prepared,
+    found: Mapping[str, Topology | None],
+    interfaces: Mapping[str, tuple[str, str]] | None = None,
+) -> Prepared:
+    """The prepared job re-planned with discovered topologies where the spec declared none
+    (and with each host's interface in ``--network``)."""
     from poprun_py.core.plan import replan_with_topologies
 
-    return replace(prep, plan=replan_with_topologies(prep.plan, found))
+    return replace(prep, plan=replan_with_topologies(prep.plan, found, interfaces))
 
 
 class LocalSession:
@@ -82,6 +87,10 @@ class LocalSession:
     def preflight(self, prep: Prepared) -> Checked:
         """The launcher's tools are on PATH; the topology is this machine's."""
         check_tools(self.tools)
+        plan = prep.plan
+        if plan.network and not plan.interfaces:
+            fault = Fault("localhost", "network", f"no address in {plan.network} here")
+            raise PreflightError([fault])
         return Checked(prep, local_topologies(prep))
 
     def sync(self, paths: Sequence[str]) -> None:
@@ -169,7 +178,8 @@ class RemoteSession:
         self._warm_up_renderer()  # while preflight waits for the hosts
         report = preflight(self.agents, prep.plan)
         self.report = report
-        return Checked(with_topologies(prep, report.topologies), report.topologies)
+        found = with_topologies(prep, report.topologies, report.interfaces(prep.plan.network))
+        return Checked(found, report.topologies)
 
     def sync(self, paths: Sequence[str]) -> None:
         """``--sync``: push ``paths`` over the same connections."""

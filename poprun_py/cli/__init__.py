@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("launch_cmd", "Show the launch plan: hosts, instances, replicas, binding, shards."),
     "render": ("launch_cmd", "Show the commands a backend would run (secrets masked)."),
     "launch": ("launch_cmd", "Launch PROGRAM on every instance of the plan; wait for all."),
+    "check": ("launch_cmd", "Check the planned instances: network, all-reduce, devices."),
     "exec": ("remote_cmd", "Run a command on every host in parallel."),
     "sync": ("remote_cmd", "Push files to every host at the same path."),
     "up": ("provision_cmd", "Create the cluster's nodes, wait for SSH, run its setup script."),

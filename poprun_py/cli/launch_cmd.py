@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
@@ -69,6 +69,12 @@ def _command(mode: str) -> Callable[..., None]:
         slurm_time: o.SlurmTime = None,
         partition: o.SlurmPartition = None,
         account: o.SlurmAccount = None,
+        network: o.Network = None,
+        device_env: o.DeviceEnv = None,
+        nic_affinity: o.NicAffinity = None,
+        exclude: o.Exclude = None,
+        check: o.Check = False,
+        check_timeout: o.CheckTimeout = 5.0,
     ) -> None:
         opts = LaunchOptions(
             program=tuple(program or ()),
@@ -97,6 +103,10 @@ def _command(mode: str) -> Callable[..., None]:
             slurm_time=slurm_time,
             slurm_partition=partition,
             slurm_account=account,
+            network=network,
+            device_env=device_env,
+            nic_affinity=nic_affinity,
+            exclude=exclude,
         )
         if fmt not in ("table", "json"):
             raise UsageError(f"--format must be table or json, got {fmt!r}")
@@ -113,6 +123,10 @@ def _command(mode: str) -> Callable[..., None]:
         if mode == "render" or dry_run:
             _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
             return
+        if mode == "check" or check:
+            _check(prep, check_timeout, sys.stdout if mode == "check" else sys.stderr)
+            if mode == "check":
+                return
         if print_topology:
             show_plan(prep.plan, "table")
         _launch(prep, output_dir, only_output_from_instance, sync)
@@ -122,11 +136,28 @@ def _command(mode: str) -> Callable[..., None]:
         "plan": "Show the launch plan (hosts, instances, replicas, NUMA, devices, shards).",
         "render": "Show the launch commands the backend would run (secrets masked).",
         "launch": "Launch PROGRAM on every instance of the plan and wait for all of them.",
+        "check": "Check the planned instances: MASTER_ADDR reached, an all-reduce, devices, "
+        "latency and bandwidth per host (exit 3 naming slow or broken hosts). PROGRAM is not run.",
     }[mode]
     return command
 
 
-for _mode in ("plan", "render", "launch"):
+def _check(prep: Prepared, timeout: float, stream: "TextIO") -> None:
+    """Run the check; print its table; PreflightError (exit 3) naming every bad host."""
+    from poprun_py.errors import PreflightError
+    from poprun_py.launch.check import report_lines, run_check
+
+    if timeout <= 0:
+        raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
+    with _warnings_to_stderr():
+        report = run_check(prep, timeout)
+    stream.write("\n".join(report_lines(report)) + "\n")
+    stream.flush()
+    if report.faults:
+        raise PreflightError(report.faults)
+
+
+for _mode in ("plan", "render", "launch", "check"):
     app.command(_mode, context_settings=PROGRAM_CONTEXT)(_command(_mode))
 
 
@@ -144,6 +175,7 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
         *display.topology_lines(plan),
         *display.summary_lines(plan),
         *display.instance_lines(plan),
+        *display.hardware_lines(plan),
     ]
     stream.write("\n".join(lines) + "\n")
     stream.flush()
@@ -196,6 +228,14 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
             argv += [flag, str(value)]
     if opts.numa_aware is not None:
         argv.append("--numa-aware" if opts.numa_aware else "--no-numa-aware")
+    for flag, value in (
+        ("--network", opts.network),
+        ("--device-env", opts.device_env),
+        ("--exclude", opts.exclude),
+    ):
+        argv += [flag, value] if value else []
+    if opts.nic_affinity:
+        argv.append("--nic-affinity")
     for pattern in opts.inputs:
         argv += ["--input", pattern]
     for setting in opts.env:

@@ -245,6 +245,63 @@ Sync = Annotated[
     ),
 ]
 
+H_HW = "Hardware and network"
+Network = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--network",
+        rich_help_panel=H_HW,
+        metavar="CIDR",
+        help="The network instances talk on (e.g. 10.1.0.0/16): per host the interface with an "
+        "address in it sets MASTER_ADDR, GLOO/NCCL_SOCKET_IFNAME and MPI's interface "
+        "(default: the spec's network:).",
+    ),
+]
+DeviceEnv = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--device-env",
+        rich_help_panel=H_HW,
+        metavar="NAME",
+        help="The variable that lists each instance's devices (default: CUDA_VISIBLE_DEVICES "
+        "for NVIDIA, ROCR/HIP_VISIBLE_DEVICES for AMD, the topology's device_env:).",
+    ),
+]
+NicAffinity = Annotated[
+    Optional[bool],  # noqa: UP045
+    typer.Option(
+        "--nic-affinity/--no-nic-affinity",
+        rich_help_panel=H_HW,
+        help="Give each instance the RDMA NICs of its NUMA node (NCCL_IB_HCA, UCX_NET_DEVICES).",
+    ),
+]
+Exclude = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--exclude",
+        "-x",
+        rich_help_panel=H_HOSTS,
+        metavar="HOSTS",
+        help="Hosts to leave out (h3,node[07-08]) of the spec, hostfile or Slurm allocation.",
+    ),
+]
+Check = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        rich_help_panel=H_RUN,
+        help="Run `poprun-py check` on the planned instances first; launch only if it passes.",
+    ),
+]
+CheckTimeout = Annotated[
+    float,
+    typer.Option(
+        "--check-timeout",
+        rich_help_panel=H_RUN,
+        help="Seconds the check waits for every instance (default 5).",
+    ),
+]
+
 H_SLURM = "Slurm"
 SlurmTime = Annotated[
     Optional[str],  # noqa: UP045

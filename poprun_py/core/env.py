@@ -79,11 +79,57 @@ def layout_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> di
     return env
 
 
+def device_names(plan: LaunchPlan, inst: InstancePlan) -> tuple[str, ...]:
+    """The variables naming an instance's devices: ``--device-env``, else its topology's
+    ``device_env:``, else CUDA_VISIBLE_DEVICES (NVIDIA) or ROCR_VISIBLE_DEVICES and
+    HIP_VISIBLE_DEVICES (AMD); none for generic declared devices (POPRUN_DEVICES only)."""
+    topo = plan.hosts[inst.host_index].topology
+    if topo is None or not topo.devices:
+        return ()
+    if plan.device_env or topo.device_env:
+        return (plan.device_env or topo.device_env or "",)
+    return {"nvidia": ("CUDA_VISIBLE_DEVICES",), "amd": AMD_NAMES}.get(topo.device_kind or "", ())
+
+
+AMD_NAMES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def hardware_env(plan: LaunchPlan, inst: InstancePlan) -> dict[str, str]:
+    """Devices as the instance's framework reads them, its NUMA node's NICs
+    (``--nic-affinity``) and its host's interface in ``--network`` (Gloo's, NCCL's sockets and,
+    without NIC affinity, UCX's).
+
+    ``HIP_VISIBLE_DEVICES`` counts the devices ROCR_VISIBLE_DEVICES left visible (0..n-1); CUDA
+    ordinals are PCI-bus order (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, nvidia-smi's order)."""
+    env: dict[str, str] = {}
+    ids = ",".join(map(str, inst.devices))
+    topo = plan.hosts[inst.host_index].topology
+    for name in device_names(plan, inst):
+        env[name] = ids
+    if tuple(env) == AMD_NAMES:
+        env["HIP_VISIBLE_DEVICES"] = ",".join(map(str, range(len(inst.devices))))
+    if "CUDA_VISIBLE_DEVICES" in env and topo is not None and topo.device_kind == "nvidia":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if plan.nic_affinity and topo is not None:
+        nics = [nic for n in topo.numa_nodes if n.id in inst.numa_nodes for nic in n.nics]
+        if nics:
+            env["NCCL_IB_HCA"] = "=" + ",".join(nics)  # '=': exact names (mlx5_1 != mlx5_10)
+            env["UCX_NET_DEVICES"] = ",".join(nics)
+    iface = plan.interfaces.get(inst.host)
+    if iface is not None:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface[0]
+        env.setdefault("UCX_NET_DEVICES", iface[0])  # UCX's TCP (MPICH ch4:ucx, Open MPI ucx)
+    return env
+
+
 def instance_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:
-    """Layout variables plus the user's (``--env`` and spec ``env``) for one instance."""
+    """Layout variables, then the hardware's (:func:`hardware_env`), then the user's (``--env``
+    and spec ``env``, which may override the hardware's but not the layout's)."""
     env = layout_env(plan, inst, shard_file)
+    env.update(hardware_env(plan, inst))
+    layout = frozenset(env) - frozenset(hardware_env(plan, inst))
     for var in plan.env:
-        if var.name in env:
+        if var.name in layout:
             raise UsageError(f"--env {var.name} would override a variable poprun-py sets")
         env[var.name] = var.value
     return env

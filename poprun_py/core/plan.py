@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from poprun_py.core.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
@@ -91,6 +91,10 @@ class LaunchPlan:
     master_port: int
     eval_pad: int | None
     notes: tuple[str, ...]
+    network: str | None = None
+    interfaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    device_env: str | None = None
+    nic_affinity: bool = False
 
     @property
     def replicas_per_instance(self) -> int:
@@ -106,6 +110,7 @@ def make_plan(
     default_topology: Topology | None = None,
     default_topology_source: str = "assumed",
     discovered: Mapping[str, Topology | None] | None = None,
+    interfaces: Mapping[str, tuple[str, str]] | None = None,
 ) -> LaunchPlan:
     """Plan ``job`` on ``cluster``; raise PlanError with one clear line if it is impossible."""
     hosts = cluster.hosts
@@ -148,6 +153,8 @@ def make_plan(
     if not job.numa_aware:
         notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
     notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
+    found = {h.name: interfaces[h.name] for h in hosts if interfaces and h.name in interfaces}
+    notes += _placement_notes(host_plans)
     return LaunchPlan(
         cluster=cluster,
         program=job.program,
@@ -162,11 +169,51 @@ def make_plan(
         groups_cross_hosts=crosses,
         env=tuple(_merge_env(cluster, job)),
         workdir=job.workdir or cluster.workdir,
-        master_addr="127.0.0.1" if cluster.simulated else hosts[0].target,
+        master_addr=_master_addr(cluster, found),
         master_port=job.master_port,
         eval_pad=job.eval_pad,
         notes=tuple(notes),
+        network=job.network,
+        interfaces=found,
+        device_env=job.device_env,
+        nic_affinity=job.nic_affinity,
     )
+
+
+def _master_addr(cluster: ClusterSpec, interfaces: Mapping[str, tuple[str, str]]) -> str:
+    first = cluster.hosts[0]
+    if first.name in interfaces:
+        return interfaces[first.name][1]
+    return "127.0.0.1" if cluster.simulated else first.target
+
+
+def network_choice(plan: LaunchPlan) -> str:
+    """Which network the instances talk on, and why (one line for the plan's summary)."""
+    cluster = plan.cluster
+    if plan.network is None:
+        first = cluster.hosts[0]
+        where = "this machine" if cluster.all_local else f"{first.name}'s SSH address"
+        return (
+            f"none chosen (no --network): MASTER_ADDR is {where} ({plan.master_addr}); "
+            "Gloo and NCCL pick their own interface"
+        )
+    if not plan.interfaces:
+        return f"{plan.network} (--network): each host's interface in it is found in preflight"
+    names = sorted({name for name, _ in plan.interfaces.values()})
+    return (
+        f"{plan.network} (--network): interface(s) {', '.join(names)}; "
+        f"MASTER_ADDR {plan.master_addr}"
+    )
+
+
+def _placement_notes(hosts: Sequence[HostPlan]) -> list[str]:
+    unknown = [h.name for h in hosts if h.topology is not None and not h.topology.devices_placed]
+    if not unknown:
+        return []
+    return [
+        f"devices of {', '.join(unknown[:3])}{' (+more)' * (len(unknown) > 3)}: the firmware "
+        "reports numa_node -1; spread over the NUMA nodes in order"
+    ]
 
 
 def _num_instances(cluster: ClusterSpec, job: JobSpec) -> tuple[int, str]:
@@ -244,12 +291,43 @@ def _bind(hp: HostPlan, per_host: int, per_instance: int, job: JobSpec) -> list[
             f"{need * per_host}"
         )
     numa = _numa_split(topo, per_host) if (job.numa_aware and topo) else None
+    by_node = bool(numa and topo and topo.devices_placed and devices and need)
     result = []
     for local in range(per_host):
         mine = devices[local * need : (local + 1) * need] if devices else ()
         nodes, cpus = numa[local] if numa else ((), ())
+        if by_node and topo and numa:
+            sets = [n for n, _ in numa]
+            mine = _node_devices(hp.name, topo, node_sets=sets, local=local, need=need, job=job)
         result.append((nodes, cpus, tuple(mine)))
     return result
+
+
+def _node_devices(
+    host: str,
+    topo: Topology,
+    *,
+    node_sets: list[tuple[int, ...]],
+    local: int,
+    need: int,
+    job: JobSpec,
+) -> tuple[int, ...]:
+    """The devices of an instance's own NUMA nodes (shared evenly with the instances bound to
+    the same nodes); PlanError when they are fewer than it needs."""
+    nodes = node_sets[local]
+    sharers = [k for k, other in enumerate(node_sets) if other == nodes]
+    pool = [d for n in topo.numa_nodes if n.id in nodes for d in n.devices]
+    part, count = sharers.index(local), len(sharers)
+    share = pool[part * len(pool) // count : (part + 1) * len(pool) // count]
+    if len(share) < need:
+        where = ",".join(map(str, nodes))
+        raise PlanError(
+            f"host {host}: NUMA node(s) {where} give {len(share)} device(s) per instance; "
+            f"{need // max(job.devices_per_replica, 1)} replica(s) x "
+            f"{job.devices_per_replica} device(s) need {need} "
+            "(fewer devices per replica, or fewer instances per host)"
+        )
+    return tuple(share[:need])
 
 
 def _numa_split(topo: Topology, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -331,12 +409,18 @@ def _merge_env(cluster: ClusterSpec, job: JobSpec) -> list[EnvVar]:
     return list(merged.values())
 
 
-def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None]) -> LaunchPlan:
-    """``plan`` again with discovered topologies for the hosts whose spec declared none.
+def replan_with_topologies(
+    plan: LaunchPlan,
+    found: Mapping[str, Topology | None],
+    interfaces: Mapping[str, tuple[str, str]] | None = None,
+) -> LaunchPlan:
+    """``plan`` again with discovered topologies for the hosts whose spec declared none, and
+    with each host's interface in ``--network`` (``interfaces``: host -> (name, address)).
 
-    Sizes, shards and notes that do not concern topology are kept."""
+    Sizes, shards and notes that do not concern topology or network are kept."""
     cluster = plan.cluster
-    if all(h.topology is not None or found.get(h.name) is None for h in cluster.hosts):
+    same_net = not interfaces or dict(interfaces) == dict(plan.interfaces)
+    if same_net and all(h.topology is not None or found.get(h.name) is None for h in cluster.hosts):
         return plan
     job = JobSpec(
         program=plan.program,
@@ -347,8 +431,12 @@ def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None
         group_size=plan.group_size,
         workdir=plan.workdir,
         master_port=plan.master_port,
+        network=plan.network,
+        device_env=plan.device_env,
+        nic_affinity=plan.nic_affinity,
     )
-    fresh = make_plan(cluster, job, discovered=found)
+    fresh = make_plan(cluster, job, discovered=found, interfaces=interfaces or plan.interfaces)
+    kept = ("assumed", UNBOUND_NOTE, "numa_node -1")
     return replace(
         fresh,
         env=plan.env,
@@ -358,6 +446,6 @@ def replan_with_topologies(plan: LaunchPlan, found: Mapping[str, Topology | None
             replace(new, shard=old.shard)
             for new, old in zip(fresh.instances, plan.instances, strict=True)
         ),
-        notes=tuple(n for n in plan.notes if "assumed" not in n and UNBOUND_NOTE not in n)
-        + tuple(n for n in fresh.notes if UNBOUND_NOTE in n),
+        notes=tuple(n for n in plan.notes if not any(k in n for k in kept))
+        + tuple(n for n in fresh.notes if any(k in n for k in kept[1:])),
     )

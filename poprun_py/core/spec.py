@@ -95,6 +95,7 @@ class ClusterSpec:
     setup: str | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None
+    network: str | None = None  # CIDR of the network instances talk on (spec ``network:``)
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name`` (KeyError if absent)."""
@@ -155,6 +156,9 @@ class JobSpec:
     workdir: str | None = None
     eval_pad: int | None = None
     master_port: int = 29500
+    network: str | None = None
+    device_env: str | None = None
+    nic_affinity: bool = False
 
 
 def cluster_from_hosts(

@@ -33,13 +33,21 @@ class NumaNode:
     id: int
     cpus: tuple[int, ...]
     devices: tuple[int, ...] = ()
+    nics: tuple[str, ...] = ()  # RDMA ports attached here, "mlx5_0:1"
 
 
 @dataclass(frozen=True)
 class Topology:
-    """A host's NUMA nodes, in id order."""
+    """A host's NUMA nodes, in id order, and what its devices are: ``device_kind`` nvidia, amd
+    or None (declared, generic), ``device_env`` the variable naming them (spec ``device_env:``),
+    ``devices_placed`` false when the firmware did not say their NUMA nodes, ``cuda_ordinals``
+    true when the ids are nvidia-smi's."""
 
     numa_nodes: tuple[NumaNode, ...]
+    device_kind: str | None = None
+    device_env: str | None = None
+    devices_placed: bool = True
+    cuda_ordinals: bool = False
 
     @property
     def cpus(self) -> tuple[int, ...]:

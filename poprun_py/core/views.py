@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from poprun_py.core.plan import InstancePlan, LaunchPlan
+from poprun_py.core.env import hardware_env
+from poprun_py.core.plan import InstancePlan, LaunchPlan, network_choice
 from poprun_py.core.topology import format_cpulist
 
 MAX_CELLS = 32
@@ -144,6 +145,19 @@ def instance_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
     return lines
 
 
+def hardware_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
+    """Each instance's device, NIC and network variables (none: no lines)."""
+    envs = [hardware_env(plan, inst) for inst in plan.instances[:limit]]
+    names = list(dict.fromkeys(n for env in envs for n in env))
+    if not names:
+        return []
+    rows = [
+        [str(inst.index), inst.host, *(env.get(n, "-") or "''" for n in names)]
+        for inst, env in zip(plan.instances, envs, strict=False)
+    ]
+    return ["", *table_lines(("instance", "host", *names), rows)]
+
+
 INSTANCE_COLUMNS = (
     "instance",
     "host",
@@ -182,6 +196,7 @@ def summary_lines(plan: LaunchPlan) -> list[str]:
     if plan.group_size:
         where = "cross hosts" if plan.groups_cross_hosts else "stay within hosts"
         lines.append(f"replica groups of {plan.group_size}: {where}")
+    lines.append(f"network: {network_choice(plan)}")
     lines.extend(f"note: {n}" for n in plan.notes)
     return lines
 
@@ -200,26 +215,38 @@ def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
         "master_port": plan.master_port,
         "program": list(plan.program),
         "notes": list(plan.notes),
+        "network": plan.network,
+        "network_choice": network_choice(plan),
+        "device_env": plan.device_env,
+        "nic_affinity": plan.nic_affinity,
         "hosts": [
             {
                 "index": h.index,
                 "name": h.name,
                 "address": h.spec.target,
                 "topology_source": h.topology_source,
+                "device_kind": h.topology.device_kind if h.topology else None,
+                "interface": list(plan.interfaces[h.name]) if h.name in plan.interfaces else None,
                 "numa_nodes": [
-                    {"id": n.id, "cpus": list(n.cpus), "devices": list(n.devices)}
+                    {
+                        "id": n.id,
+                        "cpus": list(n.cpus),
+                        "devices": list(n.devices),
+                        "nics": list(n.nics),
+                    }
                     for n in (h.topology.numa_nodes if h.topology else ())
                 ],
                 "instances": list(h.instances),
             }
             for h in plan.hosts
         ],
-        "instances": [_instance_dict(i) for i in plan.instances],
+        "instances": [_instance_dict(plan, i) for i in plan.instances],
     }
 
 
-def _instance_dict(inst: InstancePlan) -> dict[str, Any]:
+def _instance_dict(plan: LaunchPlan, inst: InstancePlan) -> dict[str, Any]:
     return {
+        "hardware_env": hardware_env(plan, inst),
         "index": inst.index,
         "host": inst.host,
         "host_index": inst.host_index,

@@ -6,7 +6,10 @@ program are found; the program's script file exists; whether ``numactl`` exists 
 are bound (a fault only for commands that use it: :func:`check_numactl` after rendering, since
 poprun-py binds instances itself and needs numactl only where a template asks for it, e.g.
 mpiexec's ranks); the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names,
-else ``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`. On the launching
+else ``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`; the GPUs, RDMA NICs
+and interfaces (:data:`poprun_py.core.hardware.DISCOVERY_SCRIPT`, shell builtins but for
+``nvidia-smi`` where an NVIDIA GPU is, and ``ip`` with ``--network``), attached to that
+topology; with ``--network CIDR``, a host with no address in CIDR is a fault. On the launching
 machine, in parallel with those: how long each host name takes to resolve (a name that resolves
 slowly or not at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and
 host-key mismatches come from :meth:`ConnectionPool.connect_all` and join the same list.
@@ -23,8 +26,8 @@ Example::
         report.topologies["h1"]                 # Topology discovered on h1
 
     >>> checks = Checks(workdir="/srv/job", commands=("python3",), files=("train.py",))
-    >>> checks_argv(checks, numactl=True)[-8:]
-    ['/srv/job', '1', 'python3', '1', 'train.py', '1', '1', '--']
+    >>> checks_argv(checks, numactl=True)[-10:]
+    ['/srv/job', '1', 'python3', '1', 'train.py', '1', '1', '1', '0', '--']
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from poprun_py.core.hardware import DISCOVERY_SCRIPT, Hardware, parse_discovery, with_hardware
 from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
 from poprun_py.errors import Fault, PreflightError
 
@@ -92,8 +96,14 @@ SLOW_RESOLVE = 0.5
 _PYTHONS = ("python", "python3", "pypy3")
 
 # $1 workdir ("" = none), then a count and that many commands, a count and that many files,
-# then 1/0 for numactl, 1/0 for topology. One line per answer; topology text comes last.
-CHECK_SCRIPT = r"""
+# then 1/0 for numactl, 1/0 for topology, 1/0 for hardware, 1/0 for addresses. One line per
+# answer; topology text comes next, then the hardware's after a line "@hardware".
+HARDWARE_MARK = "@hardware"
+CHECK_SCRIPT = (
+    "poprun_discover() {"
+    + DISCOVERY_SCRIPT
+    + "}\n"
+    + r"""
 wd=$1; shift
 if [ -n "$wd" ]; then if cd -- "$wd" 2>/dev/null; then echo "wd 1"; else echo "wd 0"; fi; fi
 for kind in cmd file; do
@@ -115,7 +125,9 @@ if [ "$2" = 1 ]; then
   elif command -v lscpu >/dev/null 2>&1; then echo "topology lscpu"; lscpu -p=CPU,NODE
   else echo "topology none"; fi
 fi
+if [ "$3" = 1 ]; then echo "@hardware"; poprun_discover "" "$4"; fi
 """
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,8 @@ class Checks:
     files: tuple[str, ...] = ()
     numactl_hosts: frozenset[str] = frozenset()
     topology: bool = True
+    hardware: bool = True
+    network: str | None = None  # CIDR every host must hold an address in
 
 
 @dataclass(frozen=True)
@@ -139,6 +153,7 @@ class HostReport:
     resolve_seconds: float | None = None
     check_seconds: float = 0.0
     numactl: bool | None = None  # whether numactl is on PATH (None: not looked for)
+    hardware: Hardware | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,15 @@ class PreflightReport:
         """Host name → discovered topology (None where it could not be discovered)."""
         return {h.host: h.topology for h in self.hosts}
 
+    def interfaces(self, network: str | None) -> dict[str, tuple[str, str]]:
+        """Host name -> (interface, address) in ``network``, for the hosts that have one."""
+        found = {}
+        for h in self.hosts:
+            iface = h.hardware.interface_in(network) if network and h.hardware else None
+            if iface is not None:
+                found[h.host] = iface
+        return found
+
 
 def checks_for_plan(plan: LaunchPlan) -> Checks:
     """The checks a plan needs: workdir, interpreter, program, numactl where instances bind."""
@@ -170,7 +194,8 @@ def checks_for_plan(plan: LaunchPlan) -> Checks:
         if "/" in argv[0]:
             files.append(argv[0])
     bound = frozenset(i.host for i in plan.instances) if plan.numa_aware else frozenset()
-    return Checks(plan.workdir, tuple(dict.fromkeys(commands)), tuple(files), bound)
+    unique = tuple(dict.fromkeys(commands))
+    return Checks(plan.workdir, unique, tuple(files), bound, network=plan.network)
 
 
 def _script_arg(args: Sequence[str]) -> str | None:
@@ -197,6 +222,8 @@ def checks_argv(checks: Checks, numactl: bool) -> list[str]:
         *checks.files,
         "1" if numactl else "0",
         "1" if checks.topology else "0",
+        "1" if checks.hardware else "0",
+        "1" if checks.network else "0",
         "--",
     ]
 
@@ -220,9 +247,27 @@ def parse_check_output(host: str, checks: Checks, text: str) -> tuple[list[Fault
     numactl = None
     if host in checks.numactl_hosts:
         numactl = ("numactl", "0") not in missing
+    topo_text, _, hw_text = topo_text.partition(f"{HARDWARE_MARK}\n")
+    if not topo_text and not hw_text:
+        head, _, hw_text = head.partition(f"{HARDWARE_MARK}\n")
     source, _, body = topo_text.partition("\n")
     source = source.strip()
-    return faults, HostReport(host, _parse_topology(source, body), source, numactl=numactl)
+    topo = _parse_topology(source, body)
+    hardware = _parse_hardware(hw_text) if checks.hardware else None
+    if topo is not None and hardware is not None:
+        topo = with_hardware(topo, hardware)
+    if checks.network and hardware is not None and hardware.interface_in(checks.network) is None:
+        has = hardware.describe_addresses()
+        faults.append(Fault(host, "network", f"no address in {checks.network} (has: {has})"))
+    report = HostReport(host, topo, source, numactl=numactl, hardware=hardware)
+    return faults, report
+
+
+def _parse_hardware(text: str) -> Hardware | None:
+    try:
+        return parse_discovery(text)
+    except TopologyError:
+        return None
 
 
 NUMACTL_MISSING = "numactl not found (the rendered command binds with numactl; install it)"

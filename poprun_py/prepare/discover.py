@@ -1,11 +1,18 @@
 """Local discovery: this machine's NUMA topology, read from /sys (or ``lscpu``) and parsed by the
 pure parsers in :mod:`poprun_py.core.topology`. Remote discovery over ssh reuses the same parsers.
 
+GPUs, RDMA NICs and interfaces come from :func:`discover_hardware`, which runs the same
+shell snippet preflight runs on remote hosts (:data:`poprun_py.core.hardware.DISCOVERY_SCRIPT`)
+and parses its text with the same parser.
+
 Example:
 
     >>> topo = discover_local()
     >>> len(topo.cpus) >= 1
     True
+    >>> hw = discover_hardware(addresses=True)
+    >>> hw.interface_in("127.0.0.0/8")
+    ('lo', '127.0.0.1')
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from poprun_py.core.hardware import DISCOVERY_SCRIPT, Hardware, parse_discovery, with_hardware
 from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
 
 SYSFS_NODES = "/sys/devices/system/node"
@@ -60,3 +68,32 @@ def discover_local(root: str | os.PathLike[str] = SYSFS_NODES) -> Topology:
     except (OSError, subprocess.SubprocessError, TopologyError):
         cpus = sorted(os.sched_getaffinity(0))
         return parse_sysfs_nodes({"node0": ",".join(map(str, cpus))})
+
+
+def discovery_argv(sys_root: str = "", addresses: bool = False) -> list[str]:
+    """The argv running :data:`DISCOVERY_SCRIPT` (``sys_root``: a fixture tree's root)."""
+    return ["sh", "-c", DISCOVERY_SCRIPT, "sh", sys_root, "1" if addresses else "0"]
+
+
+def discover_hardware(
+    sys_root: str = "", addresses: bool = False, environ: dict[str, str] | None = None
+) -> Hardware:
+    """This machine's GPUs, RDMA NICs and interfaces (and their IPv4 addresses if asked)."""
+    try:
+        out = subprocess.run(
+            discovery_argv(sys_root, addresses),
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env=environ,
+        ).stdout
+        return parse_discovery(out)
+    except (OSError, subprocess.SubprocessError, TopologyError):
+        return Hardware()
+
+
+def discover_machine(sys_root: str = "", environ: dict[str, str] | None = None) -> Topology:
+    """This machine's NUMA topology with its GPUs and RDMA NICs attached."""
+    nodes = f"{sys_root}/sys/devices/system/node" if sys_root else SYSFS_NODES
+    return with_hardware(discover_local(nodes), discover_hardware(sys_root, environ=environ))

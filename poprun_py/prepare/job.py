@@ -28,7 +28,14 @@ from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputSet
-from poprun_py.core.spec import ClusterSpec, EnvVar, JobSpec, SshOptions, cluster_from_hosts
+from poprun_py.core.spec import (
+    ClusterSpec,
+    EnvVar,
+    JobSpec,
+    SshOptions,
+    check_env_name,
+    cluster_from_hosts,
+)
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 
@@ -88,6 +95,10 @@ class LaunchOptions:
     slurm_time: str | None = None
     slurm_partition: str | None = None
     slurm_account: str | None = None
+    network: str | None = None
+    device_env: str | None = None
+    nic_affinity: bool | None = None
+    exclude: str | None = None
 
     @property
     def ssh(self) -> SshOptions:
@@ -137,7 +148,8 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
     cluster = _with_ssh_flags(_cluster(opts, base, env), opts)
     d = cluster.defaults
     backend = check_backend(opts.backend or d.backend or _default_backend(cluster, env))
-    local_topo = _local_topology() if backend == "local" or cluster.all_local else None
+    local = backend == "local" or cluster.all_local
+    local_topo = _local_topology() if local else None
     job = _job(opts, cluster, env, backend)
     check_user_env([*cluster.env, *(v.name for v in job.env)])
     inputs = _inputs(opts.inputs, job.workdir)
@@ -147,6 +159,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         inputs,
         default_topology=local_topo,
         default_topology_source="this machine" if backend == "local" else "assumed",
+        interfaces=_local_interfaces(cluster, job.network) if local else None,
     )
     mpi_args = _split_mpi_args(opts.mpi_args) if opts.mpi_args else d.mpi_args
     return Prepared(
@@ -195,10 +208,39 @@ def _cluster(opts: LaunchOptions, base: ClusterSpec | None, env: Mapping[str, st
         entries = slurm_hosts(env) or [HostEntry("localhost")]
     if base is None:
         assert entries is not None
-        return cluster_from_hosts(entries, simulated=opts.backend == "local")
+        return _excluded(cluster_from_hosts(entries, simulated=opts.backend == "local"), opts)
     if entries is None:
-        return base
-    return cluster_from_hosts(entries, base=base)
+        return _excluded(base, opts)
+    return _excluded(cluster_from_hosts(entries, base=base), opts)
+
+
+def _excluded(cluster: ClusterSpec, opts: LaunchOptions) -> ClusterSpec:
+    """The cluster without the hosts of ``--exclude`` (names or node ranges)."""
+    if not opts.exclude:
+        return cluster
+    from poprun_py.core.hosts import expand_names
+
+    names = expand_names(opts.exclude, "--exclude")
+    known = {h.name for h in cluster.hosts}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--exclude {unknown[0]}: not one of the hosts")
+    hosts = tuple(h for h in cluster.hosts if h.name not in set(names))
+    if not hosts:
+        raise UsageError(f"--exclude {opts.exclude} removes every host: nothing left to run on")
+    return replace(cluster, hosts=hosts)
+
+
+def _local_interfaces(
+    cluster: ClusterSpec, network: str | None
+) -> dict[str, tuple[str, str]] | None:
+    """Every host is this machine: its interface in ``network`` for all of them."""
+    if network is None:
+        return None
+    from poprun_py.prepare.discover import discover_hardware
+
+    found = discover_hardware(addresses=True).interface_in(network)
+    return {h.name: found for h in cluster.hosts} if found else None
 
 
 def _with_ssh_flags(cluster: ClusterSpec, opts: LaunchOptions) -> ClusterSpec:
@@ -222,9 +264,9 @@ def _default_backend(cluster: ClusterSpec, env: Mapping[str, str]) -> str:
 
 
 def _local_topology() -> Topology:
-    from poprun_py.prepare.discover import discover_local
+    from poprun_py.prepare.discover import discover_machine
 
-    return discover_local()
+    return discover_machine()
 
 
 def _job(
@@ -246,7 +288,23 @@ def _job(
         workdir=opts.workdir or cluster.workdir,
         eval_pad=opts.eval_pad,
         master_port=_master_port(opts, cluster, backend),
+        network=_network(opts.network, cluster.network),
+        device_env=check_env_name(opts.device_env, "--device-env") if opts.device_env else None,
+        nic_affinity=bool(opts.nic_affinity),
     )
+
+
+def _network(flag: str | None, spec: str | None) -> str | None:
+    """``--network`` (else the spec's ``network:``) as a normalized CIDR."""
+    if flag is None:
+        return spec
+    from poprun_py.core.hardware import parse_cidr
+    from poprun_py.core.topology import TopologyError
+
+    try:
+        return str(parse_cidr(flag))
+    except TopologyError:
+        raise UsageError(f"bad --network {flag!r}: not a CIDR such as 10.0.0.0/16") from None
 
 
 def _pick(flag: int | bool | None, default: int | bool | None, builtin: int | bool) -> int:

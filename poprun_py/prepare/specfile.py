@@ -61,7 +61,10 @@ _NUMA = Obj(
     },
     required=("cpus",),
 )
-_TOPOLOGY = Obj({"numa_nodes": ListOf(_NUMA, min_len=1)}, required=("numa_nodes",))
+_TOPOLOGY = Obj(
+    {"numa_nodes": ListOf(_NUMA, min_len=1), "device_env": Str(min_len=1)},
+    required=("numa_nodes",),
+)
 _HOST = Obj(
     {
         "name": Str(min_len=1),
@@ -128,6 +131,7 @@ _CLUSTER = Obj(
         "hosts": ListOf(_HOST, default=()),
         "provider": _PROVIDER,
         "setup": Str(),
+        "network": Str(min_len=1),
     },
     required=("name",),
 )
@@ -240,7 +244,14 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
         setup=model.setup,
         known_hosts=_expand(model.ssh.known_hosts),
         ssh_config=_expand(model.ssh.ssh_config),
+        network=_guard(lambda: _network(model.network), lines, source, ("network",)),
     )
+
+
+def _network(text: str | None) -> str | None:
+    from poprun_py.core.hardware import parse_cidr
+
+    return str(parse_cidr(text)) if text is not None else None
 
 
 def _expand(path: str | None) -> str | None:
@@ -282,7 +293,10 @@ def _topology(
         raise SpecError(
             "a device is attached to two NUMA nodes", source, _line_of(lines, path), _key(path)
         )
-    return Topology(tuple(nodes))
+    if model.device_env is not None:
+        where = (*path, "device_env")
+        _guard(lambda: check_env_name(model.device_env, "device_env"), lines, source, where)
+    return Topology(tuple(nodes), device_env=model.device_env)
 
 
 def _hosts(

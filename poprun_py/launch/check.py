@@ -1,0 +1,207 @@
+"""``poprun-py check``: the planned instances, with their binding and environment, run a short
+real check (:mod:`poprun_py.check_instance`) through the launch's own backend; their reports
+become one line per host and a fault for every host that is broken or slow (exit 3).
+
+A host is broken when one of its instances could not reach ``MASTER_ADDR:MASTER_PORT``, did not
+complete the all-reduce, does not see its planned devices, or gave no report. It is slow when its
+latency is over ``SLOW_FACTOR`` times the hosts' median (and over ``SLOW_LATENCY_MS``), or its
+bandwidth under the median divided by ``SLOW_FACTOR`` (and under ``SLOW_BANDWIDTH_MBPS``).
+When every instance but rank 0's failed to reach it, rank 0's host is named.
+
+Example:
+
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
+    >>> prep = prepare(LaunchOptions(hosts="localhost", instances=2, program=("x",)), environ={})
+    >>> report = run_check(prep)
+    >>> [(h.host, h.ok) for h in report.hosts], report.faults
+    ([('localhost', True)], [])
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from poprun_py.errors import Fault
+
+if TYPE_CHECKING:
+    from poprun_py.backends.result import LaunchResult
+    from poprun_py.core.plan import LaunchPlan
+    from poprun_py.prepare.job import Prepared
+
+MARK = "POPRUN-CHECK"
+DEFAULT_TIMEOUT = 5.0
+SLOW_FACTOR = 10.0
+SLOW_LATENCY_MS = 1.0
+SLOW_BANDWIDTH_MBPS = 100.0
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """One host's figures (the worst of its instances) and what went wrong there."""
+
+    host: str
+    instances: int
+    latency_ms: float | None
+    bandwidth_mbps: float | None
+    devices: str
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No problem found on this host."""
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every host's check, in plan order, and how long the check took."""
+
+    hosts: tuple[HostCheck, ...]
+    seconds: float = 0.0
+
+    @property
+    def faults(self) -> list[Fault]:
+        """One fault per problem, naming its host."""
+        return [Fault(h.host, "check", p) for h in self.hosts for p in h.problems]
+
+
+def check_argv(prep: Prepared, timeout: float) -> tuple[str, ...]:
+    """The check program: this interpreter for jobs on this machine, else the spec's python
+    (default ``python3``), running :mod:`poprun_py.check_instance`."""
+    python = sys.executable if prep.plan.cluster.all_local else None
+    python = python or prep.plan.cluster.defaults.python or "python3"
+    return (python, "-m", "poprun_py.check_instance", "--timeout", f"{timeout:g}")
+
+
+def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT) -> Prepared:
+    """The prepared job with the check program in place of the user's."""
+    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout)))
+
+
+def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT) -> CheckReport:
+    """Launch the check on every planned instance and judge the reports."""
+    from poprun_py.launch import launcher
+
+    lines: list[str] = []
+    lock = threading.Lock()
+
+    def sink(index: int, stream: str, line: str) -> None:
+        if line.startswith(MARK + " "):
+            with lock:
+                lines.append(line)
+        elif stream == "stderr":
+            sys.stderr.write(f"[check:{index}] {line.rstrip()}\n")
+
+    started = time.monotonic()
+    checked = check_prep(prep, timeout)
+    result = launcher.launch(checked, launcher.RunSettings(sink=sink))
+    report = judge(checked.plan, parse_lines(lines), result)
+    return replace(report, seconds=time.monotonic() - started)
+
+
+def parse_lines(lines: list[str]) -> dict[int, dict[str, Any]]:
+    """Rank -> report, from ``POPRUN-CHECK {json}`` lines (others ignored)."""
+    reports: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        _, _, text = line.partition(" ")
+        try:
+            report = json.loads(text)
+            reports[int(report["rank"])] = report
+        except (ValueError, KeyError, TypeError):
+            continue
+    return reports
+
+
+def judge(
+    plan: LaunchPlan, reports: dict[int, dict[str, Any]], result: LaunchResult | None = None
+) -> CheckReport:
+    """Per host: the worst figures of its instances, and its problems (see the module)."""
+    outcome = {r.index: r for r in result.instances} if result is not None else {}
+    problems: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
+    for inst in plan.instances:
+        rep = reports.get(inst.index)
+        if rep is None:
+            end = outcome.get(inst.index)
+            why = f" (exit code {end.code}{': ' + end.detail if end.detail else ''})" if end else ""
+            problems[inst.host].append(f"instance {inst.index} gave no report{why}")
+        elif not rep.get("ok"):
+            problems[inst.host].append(f"instance {inst.index}: {rep.get('error', 'failed')}")
+    _blame_master(plan, reports, problems)
+    hosts = [_host(plan, h.name, h.instances, reports, problems[h.name]) for h in plan.hosts]
+    _mark_slow(hosts)
+    return CheckReport(tuple(hosts))
+
+
+def _blame_master(
+    plan: LaunchPlan, reports: dict[int, dict[str, Any]], problems: dict[str, list[str]]
+) -> None:
+    """When no instance but rank 0's reached MASTER_ADDR, the fault is likely rank 0's host."""
+    others = [r for i, r in reports.items() if i != 0]
+    if len(plan.hosts) > 2 and others and all("cannot reach" in r.get("error", "") for r in others):
+        first = plan.hosts[0].name
+        problems[first].append(f"no other host reaches MASTER_ADDR {plan.master_addr} on {first}")
+
+
+def _host(
+    plan: LaunchPlan,
+    name: str,
+    ids: tuple[int, ...],
+    reports: dict[int, dict[str, Any]],
+    problems: list[str],
+) -> HostCheck:
+    mine = [reports[i] for i in ids if i in reports]
+    latency = [float(r["latency_ms"]) for r in mine if "latency_ms" in r]
+    bandwidth = [float(r["bandwidth_MBps"]) for r in mine if "bandwidth_MBps" in r]
+    devices = ";".join(str(r.get("devices", "")) for r in mine if r.get("devices"))
+    return HostCheck(
+        name,
+        len(ids),
+        max(latency) if latency else None,
+        min(bandwidth) if bandwidth else None,
+        devices or "-",
+        tuple(problems),
+    )
+
+
+def _mark_slow(hosts: list[HostCheck]) -> None:
+    lat = [h.latency_ms for h in hosts if h.latency_ms is not None]
+    bw = [h.bandwidth_mbps for h in hosts if h.bandwidth_mbps is not None]
+    if len(lat) < 2:
+        return
+    mid_lat, mid_bw = statistics.median(lat), statistics.median(bw) if bw else None
+    for k, h in enumerate(hosts):
+        slow = []
+        if h.latency_ms is not None and h.latency_ms > max(SLOW_FACTOR * mid_lat, SLOW_LATENCY_MS):
+            slow.append(f"slow: latency {h.latency_ms:.3f} ms (median {mid_lat:.3f} ms)")
+        bw_floor = min(mid_bw / SLOW_FACTOR, SLOW_BANDWIDTH_MBPS) if mid_bw else 0.0
+        if h.bandwidth_mbps is not None and h.bandwidth_mbps < bw_floor:
+            slow.append(f"slow: bandwidth {h.bandwidth_mbps:.0f} MB/s (median {mid_bw:.0f} MB/s)")
+        if slow:
+            hosts[k] = replace(h, problems=(*h.problems, *slow))
+
+
+def report_lines(report: CheckReport) -> list[str]:
+    """The per-host table the CLI prints."""
+    from poprun_py.core.views import table_lines
+
+    rows = [
+        [
+            h.host,
+            str(h.instances),
+            f"{h.latency_ms:.3f}" if h.latency_ms is not None else "-",
+            f"{h.bandwidth_mbps:.0f}" if h.bandwidth_mbps is not None else "-",
+            h.devices,
+            "ok" if h.ok else "; ".join(h.problems),
+        ]
+        for h in report.hosts
+    ]
+    columns = ("host", "instances", "latency ms", "MB/s", "devices", "check")
+    bad = sum(not h.ok for h in report.hosts)
+    summary = f"check: {len(report.hosts) - bad}/{len(report.hosts)} host(s) ok in "
+    return [*table_lines(columns, rows), summary + f"{report.seconds:.2f} s"]
