@@ -193,9 +193,9 @@ def with_hardware(topo: Topology, hw: Hardware) -> Topology:
     for k, g in enumerate(sorted(unplaced, key=lambda g: g.index)):
         devices[ids[k * len(ids) // len(unplaced)]].append(g.index)
     nics: dict[int, list[str]] = {i: [] for i in ids}
-    for r in hw.rdma:
-        if r.numa in nics:
-            nics[r.numa].extend(f"{r.name}:{p}" for p in r.ports)
+    for r in hw.rdma:  # a NIC of unknown node (numa_node -1) is every node's
+        for node in [r.numa] if r.numa in nics else ids:
+            nics[node].extend(f"{r.name}:{p}" for p in r.ports)
     nodes = tuple(
         replace(n, devices=tuple(sorted(devices[n.id])), nics=tuple(nics[n.id]))
         for n in topo.numa_nodes
@@ -215,11 +215,12 @@ def node_of(topo: Topology, node_id: int) -> NumaNode | None:
 
 
 # $1: the sysfs root ("" = /sys; fixture trees in tests), $2: 1 to list IPv4 addresses.
-# Builtins only (read, globs, case) but for nvidia-smi (only where an NVIDIA GPU is) and ip.
+# Builtins only (read, globs, case: a fork costs more than reading 300 PCI classes), but for
+# nvidia-smi (only where an NVIDIA GPU is) and ip (only for --network).
 DISCOVERY_SCRIPT = r"""
 s=${1:-}/sys; nv=0
 for d in "$s"/bus/pci/devices/*; do
-  [ -r "$d/class" ] || continue; read c < "$d/class"
+  { read c < "$d/class"; } 2>/dev/null || continue
   case $c in 0x03*)
     read v < "$d/vendor"; n=-1; [ -r "$d/numa_node" ] && read n < "$d/numa_node"
     case $v in 0x10de|0x1002) echo "gpu ${d##*/} $c $v $n"; [ "$v" = 0x10de ] && nv=1;; esac;;

@@ -312,18 +312,18 @@ def _node_devices(
     need: int,
     job: JobSpec,
 ) -> tuple[int, ...]:
-    """The devices of an instance's own NUMA nodes (shared evenly with the instances bound to
+    """The devices of an instance's own NUMA nodes (taken in order by the instances bound to
     the same nodes); PlanError when they are fewer than it needs."""
     nodes = node_sets[local]
     sharers = [k for k, other in enumerate(node_sets) if other == nodes]
     pool = [d for n in topo.numa_nodes if n.id in nodes for d in n.devices]
-    part, count = sharers.index(local), len(sharers)
-    share = pool[part * len(pool) // count : (part + 1) * len(pool) // count]
+    part = sharers.index(local)
+    share = pool[part * need : (part + 1) * need]  # in order, as without NUMA awareness
     if len(share) < need:
         where = ",".join(map(str, nodes))
         raise PlanError(
-            f"host {host}: NUMA node(s) {where} give {len(share)} device(s) per instance; "
-            f"{need // max(job.devices_per_replica, 1)} replica(s) x "
+            f"host {host}: NUMA node(s) {where} give {len(pool) // len(sharers)} device(s) per "
+            f"instance; {need // max(job.devices_per_replica, 1)} replica(s) x "
             f"{job.devices_per_replica} device(s) need {need} "
             "(fewer devices per replica, or fewer instances per host)"
         )

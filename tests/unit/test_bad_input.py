@@ -31,6 +31,15 @@ SPECS = {
     "bad-port.yaml": "name: x\nhosts: [{name: a, port: 70000}]\n",
     "bad-backend.yaml": "name: x\nhosts: [{name: a}]\ndefaults: {backend: pbs}\n",
     "env-reserved.yaml": 'name: x\nhosts: [{name: localhost}]\nenv: {RANK: "3"}\n',
+    "bad-network.yaml": "name: x\nhosts: [{name: a}]\nnetwork: 10.0.0.0/40\n",
+    "bad-device-env.yaml": (
+        "name: x\ntopologies:\n  t:\n    device_env: 9X\n    numa_nodes: [{cpus: '0'}]\n"
+        "hosts: [{name: a, topology: t}]\n"
+    ),
+    "numa-devices.yaml": (
+        "name: x\ntopologies:\n  t:\n    numa_nodes:\n      - {cpus: '0-3', devices: [0]}\n"
+        "      - {cpus: '4-7', devices: [1, 2, 3]}\nhosts: [{name: a, topology: t}]\n"
+    ),
 }
 
 CASES: list[tuple[str, list[str], str]] = [
@@ -110,6 +119,18 @@ CASES: list[tuple[str, list[str], str]] = [
         "unknown backend 'pbs'; choose one of: local, mpiexec, mpirun, slurm, ssh",
     ),
     ("bad-format", ["-H", "localhost", "-f", "yaml"], "--format must be table or json"),
+    ("bad-cidr", ["-H", "h1,h2", "--network", "10.0.0/33"], "bad --network '10.0.0/33'"),
+    ("cidr-words", ["-H", "h1", "--network", "eth0"], "not a CIDR"),
+    ("bad-network-in-spec", ["-c", "{d}/bad-network.yaml"], ":3: network: bad network"),
+    ("device-env-name", ["-H", "h1", "--device-env", "CUDA-X"], "bad --device-env 'CUDA-X'"),
+    ("device-env-in-spec", ["-c", "{d}/bad-device-env.yaml"], "topologies.t.device_env"),
+    ("exclude-every-host", ["-H", "n[1-3]", "--exclude", "n[1-3]"], "removes every host"),
+    ("exclude-unknown", ["-H", "n[1-3]", "--exclude", "n4"], "--exclude n4: not one of"),
+    (
+        "devices-beyond-numa-node",
+        ["-c", "{d}/numa-devices.yaml", "-r", "2", "-n", "2", "-d", "2"],
+        "NUMA node(s) 0 give 1 device(s) per instance",
+    ),
     ("replicas-not-integer", ["-H", "localhost", "-r", "abc"], "Invalid value for '--replicas'"),
     ("unknown-option", ["-H", "localhost", "--bogus"], "No such option: --bogus"),
     ("unbalanced-mpi-args", ["-H", "localhost", "--mpi-args", '"'], "bad --mpi-args"),
