@@ -165,7 +165,8 @@ def measure(sock: socket.socket, rank: int, nbytes: int) -> dict[str, object]:
         "bandwidth_MBps": round(nbytes / seconds / 1e6, 1),
     }
     if answer.startswith(b"{"):
-        report["error"] = f"all-reduce incomplete: ranks {json.loads(answer)['missing']} missing"
+        missing = json.loads(answer)["missing"]
+        report.update(error=f"all-reduce incomplete: ranks {missing} missing", missing=missing)
         report["allreduce"] = False
         return report
     return {**report, "allreduce": True, "sum": struct.unpack(f"!{VECTOR}d", answer)[0]}

@@ -4,7 +4,8 @@ Enable with ``pytest_plugins = ["tests.hostfixtures"]`` in tests/conftest.py. Fi
 
 - ``test_cluster_4``: one 4-host TestCluster for the whole session.
 - ``make_test_cluster``: a factory, ``make_test_cluster(n, prefix)``, for clusters that live
-  for one test.
+  for one test (``data_network=True``: a second, data network besides SSH's).
+- ``data_cluster_3``: three hosts with a data network, for one module.
 
 Example::
 
@@ -46,7 +47,7 @@ from poprun_py.providers.netns import (
     list_clusters,
 )
 
-MakeCluster = Callable[[int, str], TestCluster]
+MakeCluster = Callable[..., TestCluster]
 
 _SESSION_CLUSTER = re.compile(r"pt(\d+)-[a-z0-9]+")
 _unavailable: set[str] = set()
@@ -108,12 +109,15 @@ class _Clusters:
         self.created: list[TestCluster] = []
         self.names: list[str] = []
 
-    def make(self, num_hosts: int, prefix: str) -> TestCluster:
+    def make(self, num_hosts: int, prefix: str, *, data_network: bool = False) -> TestCluster:
         require_hosts()
         _reap_stale_clusters()
         name = f"pt{os.getpid()}-{prefix}"
         self.names.append(name)
-        cluster = create_cluster(name, num_hosts, host_prefix=f"{prefix}{session_tag()}")
+        host_prefix = f"{prefix}{session_tag()}"
+        cluster = create_cluster(
+            name, num_hosts, host_prefix=host_prefix, data_network=data_network
+        )
         self.created.append(cluster)
         return cluster
 
@@ -140,9 +144,20 @@ def test_cluster_4() -> Iterator[TestCluster]:
         clusters.destroy_all()
 
 
+@pytest.fixture(scope="module")
+def data_cluster_3() -> Iterator[TestCluster]:
+    """Three hosts with a management (SSH) and a data network, shared by one test module."""
+    clusters = _Clusters()
+    try:
+        yield clusters.make(3, "dn", data_network=True)
+    finally:
+        clusters.destroy_all()
+
+
 @pytest.fixture
 def make_test_cluster() -> Iterator[MakeCluster]:
-    """``make_test_cluster(n, prefix)``: n fresh hosts, destroyed when the test ends.
+    """``make_test_cluster(n, prefix, data_network=False)``: n fresh hosts, destroyed when the
+    test ends; with ``data_network`` each also has a data interface (providers/netns_data.py).
 
     ``prefix`` is a letter then ``[a-z0-9]``, distinct per cluster within one test and from
     ``h`` (used by ``test_cluster_4``).

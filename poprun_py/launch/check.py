@@ -72,10 +72,10 @@ class CheckReport:
 
 
 def check_argv(prep: Prepared, timeout: float) -> tuple[str, ...]:
-    """The check program: this interpreter for jobs on this machine, else the spec's python
-    (default ``python3``), running :mod:`poprun_py.check_instance`."""
-    python = sys.executable if prep.plan.cluster.all_local else None
-    python = python or prep.plan.cluster.defaults.python or "python3"
+    """The check program: the spec's ``defaults.python``, else this interpreter (the same path on
+    every host, as for Slurm's batch step; preflight says where it is missing), running
+    :mod:`poprun_py.check_instance`."""
+    python = prep.plan.cluster.defaults.python or sys.executable
     return (python, "-m", "poprun_py.check_instance", "--timeout", f"{timeout:g}")
 
 
@@ -124,18 +124,24 @@ def judge(
     """Per host: the worst figures of its instances, and its problems (see the module)."""
     outcome = {r.index: r for r in result.instances} if result is not None else {}
     problems: dict[str, list[str]] = {h.name: [] for h in plan.hosts}
+    culprits = {i for i in range(plan.num_instances) if _own_fault(reports.get(i))}
     for inst in plan.instances:
         rep = reports.get(inst.index)
         if rep is None:
             end = outcome.get(inst.index)
             why = f" (exit code {end.code}{': ' + end.detail if end.detail else ''})" if end else ""
             problems[inst.host].append(f"instance {inst.index} gave no report{why}")
-        elif not rep.get("ok"):
+        elif inst.index in culprits or not set(rep.get("missing", ())) <= culprits:
             problems[inst.host].append(f"instance {inst.index}: {rep.get('error', 'failed')}")
     _blame_master(plan, reports, problems)
     hosts = [_host(plan, h.name, h.instances, reports, problems[h.name]) for h in plan.hosts]
     _mark_slow(hosts)
     return CheckReport(tuple(hosts))
+
+
+def _own_fault(rep: dict[str, Any] | None) -> bool:
+    """No report, or a failure of its own (not only others missing from the all-reduce)."""
+    return rep is None or (not rep.get("ok") and not rep.get("missing"))
 
 
 def _blame_master(

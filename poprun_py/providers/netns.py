@@ -51,6 +51,7 @@ from typing import TypeVar
 from poprun_py.errors import ProvisionError
 from poprun_py.process.commands import command_output, last_line
 from poprun_py.process.proctree import alive
+from poprun_py.providers import netns_data
 from poprun_py.providers.netns_files import (
     HOSTS_MARKER,
     SSH_PORT,
@@ -100,6 +101,7 @@ class _Layout:
     subnet_index: int
     host_names: tuple[str, ...]
     state_dir: Path
+    data: bool = False  # a second, data network (netns_data)
 
     @property
     def subnet(self) -> str:
@@ -210,8 +212,8 @@ def _links() -> list[str]:
 
 
 def _cluster_links(cluster: str) -> list[str]:
-    bridge = _bridge_name(cluster)
-    return [link for link in _links() if link == bridge or link.startswith(f"{bridge}-")]
+    names = (_bridge_name(cluster), netns_data.data_bridge_name(_bridge_name(cluster)))
+    return [link for link in _links() for b in names if link == b or link.startswith(f"{b}-")]
 
 
 def _recorded_subnet_index(record_file: Path) -> int | None:
@@ -313,8 +315,10 @@ def create_cluster(
     state_root: Path = DEFAULT_STATE_ROOT,
     subnet_index: int | None = None,
     host_prefix: str = "h",
+    data_network: bool = False,
 ) -> TestCluster:
     """Create ``num_hosts`` hosts named ``<host_prefix>1..N``, each running sshd; see the module.
+    With ``data_network`` each host also gets a data interface (:mod:`netns_data`).
 
     Host names must be unique across clusters (they go into /etc/hosts). On any failure the
     partly created cluster is destroyed again and ProvisionError is raised.
@@ -322,7 +326,7 @@ def create_cluster(
     _validate(name, num_hosts, host_prefix)
     state_root = _safe_path(state_root)
     names = tuple(f"{host_prefix}{i}" for i in range(1, num_hosts + 1))
-    layout = _reserve(name, names, state_root, subnet_index)
+    layout = _reserve(name, names, state_root, subnet_index, data_network)
     try:
         return _build(layout, state_root)
     except BaseException:
@@ -331,13 +335,15 @@ def create_cluster(
         raise
 
 
-def _reserve(name: str, names: tuple[str, ...], state_root: Path, index: int | None) -> _Layout:
+def _reserve(
+    name: str, names: tuple[str, ...], state_root: Path, index: int | None, data: bool
+) -> _Layout:
     """Under the lock: pick the subnet, check nothing is taken, create state dir and bridge."""
     with _lock(state_root):
         index = _free_subnet_index(state_root) if index is None else index
         if not 0 <= index <= 255:
             raise ProvisionError(f"subnet_index must be 0..255, not {index}")
-        layout = _Layout(name, index, names, state_root / name)
+        layout = _Layout(name, index, names, state_root / name, data)
         _check_free(layout, state_root)
         layout.state_dir.mkdir(parents=True)
         try:
@@ -363,6 +369,7 @@ def _write_record(layout: _Layout) -> None:
         "name": layout.name,
         "subnet_index": layout.subnet_index,
         "host_names": list(layout.host_names),
+        "data_network": layout.data,
     }
     (layout.state_dir / "cluster.json").write_text(json.dumps(record, indent=2) + "\n")
 
@@ -371,6 +378,8 @@ def _create_bridge(layout: _Layout) -> None:
     _run(["ip", "link", "add", layout.bridge, "type", "bridge"])
     _run(["ip", "addr", "add", f"{layout.gateway}/24", "dev", layout.bridge])
     _run(["ip", "link", "set", layout.bridge, "up"])
+    if layout.data:
+        netns_data.create_data_bridge(_run, layout.bridge, layout.subnet_index)
 
 
 def _build(layout: _Layout, state_root: Path) -> TestCluster:
@@ -390,6 +399,7 @@ def _build(layout: _Layout, state_root: Path) -> TestCluster:
         identity_file=identity,
         known_hosts=layout.state_dir / "known_hosts",
         ssh_config=layout.state_dir / "ssh_config",
+        data_subnet=netns_data.data_subnet(layout.subnet_index) if layout.data else None,
     )
     write_known_hosts(cluster)
     cluster.ssh_config.write_text(ssh_config_text(cluster))
@@ -417,7 +427,19 @@ def _start_host(layout: _Layout, index: int) -> TestHost:
     config.write_text(_sshd_config_text(layout, index))
     pid = _start_sshd(netns, host, config, host_dir)
     _wait_accepting(layout.address(index), host_dir / "sshd.log", time.monotonic() + READY_TIMEOUT)
-    return TestHost(name=host, address=layout.address(index), netns=netns, sshd_pid=pid)
+    return _test_host(layout, index, pid)
+
+
+def _test_host(layout: _Layout, index: int, pid: int) -> TestHost:
+    data = layout.data
+    return TestHost(
+        name=layout.host_names[index],
+        address=layout.address(index),
+        netns=_netns_name(layout.name, layout.host_names[index]),
+        sshd_pid=pid,
+        data_address=netns_data.data_address(layout.subnet_index, index) if data else None,
+        data_interface=netns_data.data_interface(index) if data else None,
+    )
 
 
 def _create_netns(layout: _Layout, index: int, netns: str) -> None:
@@ -429,6 +451,8 @@ def _create_netns(layout: _Layout, index: int, netns: str) -> None:
     _run([*inside, "addr", "add", f"{layout.address(index)}/24", "dev", "eth0"])
     _run([*inside, "link", "set", "eth0", "up"])
     _run([*inside, "link", "set", "lo", "up"])
+    if layout.data:
+        netns_data.attach_data(_run, layout.bridge, layout.subnet_index, index, netns)
 
 
 def _sshd_config_text(layout: _Layout, index: int) -> str:
@@ -565,7 +589,8 @@ def load_cluster(name: str, *, state_root: Path = DEFAULT_STATE_ROOT) -> TestClu
         record = json.loads((state_dir / "cluster.json").read_text())
     except (OSError, ValueError) as exc:
         raise ProvisionError(f"no test cluster {name!r} under {state_root}") from exc
-    layout = _Layout(name, int(record["subnet_index"]), tuple(record["host_names"]), state_dir)
+    index, names = int(record["subnet_index"]), tuple(record["host_names"])
+    layout = _Layout(name, index, names, state_dir, bool(record.get("data_network")))
     hosts = tuple(_load_host(layout, i) for i in range(len(layout.host_names)))
     return TestCluster(
         name=name,
@@ -577,6 +602,7 @@ def load_cluster(name: str, *, state_root: Path = DEFAULT_STATE_ROOT) -> TestClu
         identity_file=state_dir / "id_ed25519",
         known_hosts=state_dir / "known_hosts",
         ssh_config=state_dir / "ssh_config",
+        data_subnet=netns_data.data_subnet(index) if layout.data else None,
     )
 
 
@@ -587,5 +613,4 @@ def _load_host(layout: _Layout, index: int) -> TestHost:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError) as exc:
         raise ProvisionError(f"test host {host!r} has no sshd pid file {pid_file}") from exc
-    netns = _netns_name(layout.name, host)
-    return TestHost(name=host, address=layout.address(index), netns=netns, sshd_pid=pid)
+    return _test_host(layout, index, pid)

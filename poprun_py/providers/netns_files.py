@@ -36,6 +36,8 @@ class TestHost:
     netns: str
     sshd_pid: int
     port: int = SSH_PORT
+    data_address: str | None = None  # on the data network (netns_data), when it has one
+    data_interface: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class TestCluster:
     identity_file: Path
     known_hosts: Path
     ssh_config: Path
+    data_subnet: str | None = None  # the data network's CIDR, when the cluster has one
 
     @property
     def host_names(self) -> tuple[str, ...]:
