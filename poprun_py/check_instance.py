@@ -38,8 +38,8 @@ import time
 from collections.abc import Mapping
 
 MARK = "POPRUN-CHECK"
-ROUNDS = 20
-BYTES = 4 << 20
+ROUNDS = 10
+BYTES = 1 << 20
 VECTOR = 1024
 DEFAULT_TIMEOUT = 5.0
 _CHUNK = 1 << 16
