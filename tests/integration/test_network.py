@@ -235,3 +235,21 @@ def test_launch_check_runs_the_program_only_when_the_check_passes(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert marker.exists() and "check: 3/3 host(s) ok" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_mpiexec_on_the_data_network(cluster: TestCluster, tmp_path: Path) -> None:
+    from tests.integration.test_mpiexec import MPI_PROGRAM, need_mpich
+
+    need_mpich()
+    (tmp_path / "check.c").write_text(MPI_PROGRAM)
+    program = str(tmp_path / "check")
+    subprocess.run(["mpicc.mpich", "-O1", "-o", program, str(tmp_path / "check.c")], check=True)
+    spec = spec_for(cluster, tmp_path)
+    proc = poprun(
+        "launch", "-c", str(spec), "-b", "mpiexec", "-n", "6", "-r", "6",
+        "--network", str(cluster.data_subnet), "--", program, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sums = [json.loads(line.split("] ", 1)[1])["allreduce"] for line in proc.stdout.splitlines()]
+    assert sums == [21] * 6
