@@ -244,11 +244,17 @@ class SlurmSession:
         self.environ: dict[str, str] = {}
 
     def preflight(self, prep: Prepared) -> Checked:
-        """srun is on PATH; then the allocation (asked for now when there is none)."""
+        """srun is on PATH; then the allocation (asked for now when there is none); with
+        ``--network``, each node's interface in it (one discovery step)."""
         if shutil.which("srun") is None:
             raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
         alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
+        if prep.plan.network and all(h.name != "localhost" for h in prep.plan.hosts):
+            from poprun_py.backends.session import with_topologies
+            from poprun_py.backends.slurm_discover import node_interfaces
+
+            prep = with_topologies(prep, {}, node_interfaces(prep, self.environ))
         return Checked(prep, {})
 
     def sync(self, paths: Sequence[str]) -> None:
