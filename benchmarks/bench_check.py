@@ -53,7 +53,7 @@ def discovery_cost(cluster: TestCluster, spec: Path, runs: int) -> dict[str, flo
     from poprun_py.launch import launcher
     from poprun_py.launch.preflight import checks_argv, checks_for_plan
     from poprun_py.prepare.job import LaunchOptions, prepare
-    from poprun_py.ssh.transport import ConnectionPool
+    from poprun_py.ssh.pool import ConnectionPool
 
     opts = LaunchOptions(program=(sys.executable, "-c", "pass"), cluster=str(spec), backend="ssh")
     prep = prepare(opts)
