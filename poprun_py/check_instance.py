@@ -4,7 +4,7 @@ environment, through whichever backend the launch uses (standard library only).
 
 Every instance (rank 0 included) connects to ``MASTER_ADDR:MASTER_PORT``, where rank 0 serves;
 then, one instance at a time, measures latency (the fastest of ``ROUNDS`` 8-byte round trips)
-and bandwidth (``BYTES`` sent and acknowledged); then all of them take part in a sum
+and bandwidth (the fastest of ``TRANSFERS`` times ``BYTES`` sent and acknowledged); then all of them take part in a sum
 all-reduce of a vector (rank 0 sums the contributions once every rank has sent one, and sends
 the sum back; the answer is checked). Each instance also checks that the device variables it got
 list its planned devices (``POPRUN_DEVICES``) and that its host has those devices.
@@ -40,6 +40,7 @@ from collections.abc import Mapping
 MARK = "POPRUN-CHECK"
 ROUNDS = 10
 BYTES = 1 << 20
+TRANSFERS = 3
 VECTOR = 1024
 DEFAULT_TIMEOUT = 5.0
 ANSWER_GRACE = 2.0
@@ -112,8 +113,9 @@ class Server:
             _send_msg(conn, b"go")
             for _ in range(ROUNDS):
                 conn.sendall(_recv_exact(conn, 8))
-            _recv_msg(conn)
-            _send_msg(conn, b"ok")
+            for _ in range(TRANSFERS):
+                _recv_msg(conn)
+                _send_msg(conn, b"ok")
         values = struct.unpack(f"!{VECTOR}d", _recv_msg(conn))
         with self.cond:
             self.sums = [a + b for a, b in zip(self.sums, values, strict=True)]
@@ -155,10 +157,12 @@ def measure(sock: socket.socket, rank: int, nbytes: int) -> dict[str, object]:
         _recv_exact(sock, 8)
         best = min(best, time.perf_counter() - t0)
     payload = bytes(nbytes)
-    t0 = time.perf_counter()
-    _send_msg(sock, payload)
-    _recv_msg(sock)
-    seconds = time.perf_counter() - t0
+    seconds = float("inf")
+    for _ in range(TRANSFERS):  # the best of a few: one may lose the CPU to another process
+        t0 = time.perf_counter()
+        _send_msg(sock, payload)
+        _recv_msg(sock)
+        seconds = min(seconds, time.perf_counter() - t0)
     _send_msg(sock, struct.pack(f"!{VECTOR}d", *([float(rank + 1)] * VECTOR)))
     answer = _recv_msg(sock)
     report: dict[str, object] = {
