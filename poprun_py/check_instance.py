@@ -4,10 +4,12 @@ environment, through whichever backend the launch uses (standard library only).
 
 Every instance (rank 0 included) connects to ``MASTER_ADDR:MASTER_PORT``, where rank 0 serves;
 then, one instance at a time, measures latency (the fastest of ``ROUNDS`` 8-byte round trips)
-and bandwidth (the fastest of ``TRANSFERS`` times ``BYTES`` sent and acknowledged); then all of them take part in a sum
-all-reduce of a vector (rank 0 sums the contributions once every rank has sent one, and sends
-the sum back; the answer is checked). Each instance also checks that the device variables it got
-list its planned devices (``POPRUN_DEVICES``) and that its host has those devices.
+and bandwidth (the fastest of ``TRANSFERS`` times ``BYTES`` sent and acknowledged); then all
+of them take part in a sum all-reduce of a vector (rank 0 sums the contributions once every
+rank has sent one, and sends the sum back; the answer is checked). Each instance also checks
+that the device variables it got list its planned devices (``POPRUN_DEVICES``) and that its
+host has those devices. With ``--torch 1``, where torch is importable, a Gloo all-reduce
+follows (its store on ``MASTER_PORT + 1``).
 
 Each instance prints one line ``POPRUN-CHECK {json}`` and exits 0 whether the check passed or
 not (so that the launch's fail-fast does not stop the others before they report); it exits 1
@@ -209,8 +211,41 @@ def _count_gpus(vendor: str, sys_root: str) -> int:
     return count
 
 
+def torch_gloo(rank: int, world: int, addr: str, port: int, timeout: float) -> dict[str, object]:
+    """A sum all-reduce through torch.distributed's Gloo (its sockets follow
+    GLOO_SOCKET_IFNAME); ``gloo`` is None where torch is not importable."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return {"gloo": None}
+    from datetime import timedelta
+
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout),
+        )
+        try:
+            value = torch.ones(4) * (rank + 1)
+            dist.all_reduce(value)
+            if value.tolist() != [world * (world + 1) / 2] * 4:
+                return {"gloo": False, "error": "torch Gloo all-reduce gave a wrong sum"}
+        finally:
+            dist.destroy_process_group()
+    except (RuntimeError, ValueError) as exc:
+        return {"gloo": False, "error": f"torch Gloo: {str(exc).splitlines()[0]}"}
+    return {"gloo": True}
+
+
 def run(
-    env: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT, nbytes: int = BYTES
+    env: Mapping[str, str],
+    timeout: float = DEFAULT_TIMEOUT,
+    nbytes: int = BYTES,
+    torch: bool = False,
 ) -> dict[str, object]:
     """This instance's check; the report it prints."""
     rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
@@ -240,6 +275,10 @@ def run(
     expected = world * (world + 1) / 2
     if report.get("allreduce") and report.pop("sum", None) != expected:
         report.update(allreduce=False, error="all-reduce gave a wrong sum")
+    if torch and report.get("allreduce"):
+        report.update(
+            torch_gloo(rank, world, addr, port + 1, max(1.0, deadline - time.monotonic()))
+        )
     report["ok"] = bool(report.get("allreduce")) and ok_devices and "error" not in report
     if not ok_devices:
         report.setdefault("error", seen)
@@ -247,13 +286,14 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m poprun_py.check_instance [--timeout S] [--bytes N]``."""
+    """``python -m poprun_py.check_instance [--timeout S] [--bytes N] [--torch 1]``."""
     args = sys.argv[1:] if argv is None else argv
     opts = dict(zip(args[::2], args[1::2], strict=False))
     report = run(
         os.environ,
         float(opts.get("--timeout", DEFAULT_TIMEOUT)),
         int(opts.get("--bytes", BYTES)),
+        opts.get("--torch") == "1",
     )
     sys.stdout.write(f"{MARK} {json.dumps(report, sort_keys=True)}\n")
     sys.stdout.flush()

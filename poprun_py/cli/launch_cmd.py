@@ -75,6 +75,7 @@ def _command(mode: str) -> Callable[..., None]:
         exclude: o.Exclude = None,
         check: o.Check = False,
         check_timeout: o.CheckTimeout = 5.0,
+        check_torch: o.CheckTorch = False,
     ) -> None:
         opts = LaunchOptions(
             program=tuple(program or ()),
@@ -124,7 +125,8 @@ def _command(mode: str) -> Callable[..., None]:
             _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
             return
         if mode == "check" or check:
-            _check(prep, check_timeout, sys.stdout if mode == "check" else sys.stderr)
+            stream = sys.stdout if mode == "check" else sys.stderr
+            _check(prep, check_timeout, check_torch, stream)
             if mode == "check":
                 return
         if print_topology:
@@ -142,7 +144,7 @@ def _command(mode: str) -> Callable[..., None]:
     return command
 
 
-def _check(prep: Prepared, timeout: float, stream: "TextIO") -> None:
+def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO") -> None:
     """Run the check; print its table; PreflightError (exit 3) naming every bad host."""
     from poprun_py.errors import PreflightError
     from poprun_py.launch.check import report_lines, run_check
@@ -150,7 +152,7 @@ def _check(prep: Prepared, timeout: float, stream: "TextIO") -> None:
     if timeout <= 0:
         raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
     with _warnings_to_stderr():
-        report = run_check(prep, timeout)
+        report = run_check(prep, timeout, torch)
     stream.write("\n".join(report_lines(report)) + "\n")
     stream.flush()
     if report.faults:

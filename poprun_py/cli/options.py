@@ -293,6 +293,15 @@ Check = Annotated[
         help="Run `poprun-py check` on the planned instances first; launch only if it passes.",
     ),
 ]
+CheckTorch = Annotated[
+    bool,
+    typer.Option(
+        "--check-torch",
+        rich_help_panel=H_RUN,
+        help="The check also runs a torch.distributed Gloo all-reduce where torch is importable "
+        "(importing torch costs each instance about a second).",
+    ),
+]
 CheckTimeout = Annotated[
     float,
     typer.Option(

@@ -51,6 +51,7 @@ class HostCheck:
     bandwidth_mbps: float | None
     devices: str
     problems: tuple[str, ...] = ()
+    gloo: str = "-"  # torch Gloo all-reduce: ok, failed, n/a (no torch), - (not asked)
 
     @property
     def ok(self) -> bool:
@@ -71,20 +72,21 @@ class CheckReport:
         return [Fault(h.host, "check", p) for h in self.hosts for p in h.problems]
 
 
-def check_argv(prep: Prepared, timeout: float) -> tuple[str, ...]:
+def check_argv(prep: Prepared, timeout: float, torch: bool = False) -> tuple[str, ...]:
     """The check program: the spec's ``defaults.python``, else this interpreter (the same path on
     every host, as for Slurm's batch step; preflight says where it is missing), running
     :mod:`poprun_py.check_instance`."""
     python = prep.plan.cluster.defaults.python or sys.executable
-    return (python, "-m", "poprun_py.check_instance", "--timeout", f"{timeout:g}")
+    argv = (python, "-m", "poprun_py.check_instance", "--timeout", f"{timeout:g}")
+    return (*argv, "--torch", "1") if torch else argv
 
 
-def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT) -> Prepared:
+def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> Prepared:
     """The prepared job with the check program in place of the user's."""
-    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout)))
+    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout, torch)))
 
 
-def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT) -> CheckReport:
+def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> CheckReport:
     """Launch the check on every planned instance and judge the reports."""
     from poprun_py.launch import launcher
 
@@ -99,7 +101,7 @@ def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT) -> CheckReport:
             sys.stderr.write(f"[check:{index}] {line.rstrip()}\n")
 
     started = time.monotonic()
-    checked = check_prep(prep, timeout)
+    checked = check_prep(prep, timeout, torch)
     result = launcher.launch(checked, launcher.RunSettings(sink=sink))
     report = judge(checked.plan, parse_lines(lines), result)
     return replace(report, seconds=time.monotonic() - started)
@@ -165,6 +167,7 @@ def _host(
     latency = [float(r["latency_ms"]) for r in mine if "latency_ms" in r]
     bandwidth = [float(r["bandwidth_MBps"]) for r in mine if "bandwidth_MBps" in r]
     devices = ";".join(str(r.get("devices", "")) for r in mine if r.get("devices"))
+    gloo = {r.get("gloo") for r in mine if "gloo" in r}
     return HostCheck(
         name,
         len(ids),
@@ -172,6 +175,7 @@ def _host(
         min(bandwidth) if bandwidth else None,
         devices or "-",
         tuple(problems),
+        gloo="-" if not gloo else "n/a" if gloo == {None} else "ok" if gloo == {True} else "failed",
     )
 
 
@@ -203,11 +207,12 @@ def report_lines(report: CheckReport) -> list[str]:
             f"{h.latency_ms:.3f}" if h.latency_ms is not None else "-",
             f"{h.bandwidth_mbps:.0f}" if h.bandwidth_mbps is not None else "-",
             h.devices,
+            h.gloo,
             "ok" if h.ok else "; ".join(h.problems),
         ]
         for h in report.hosts
     ]
-    columns = ("host", "instances", "latency ms", "MB/s", "devices", "check")
+    columns = ("host", "instances", "latency ms", "MB/s", "devices", "gloo", "check")
     bad = sum(not h.ok for h in report.hosts)
     summary = f"check: {len(report.hosts) - bad}/{len(report.hosts)} host(s) ok in "
     return [*table_lines(columns, rows), summary + f"{report.seconds:.2f} s"]

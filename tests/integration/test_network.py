@@ -253,3 +253,57 @@ def test_mpiexec_on_the_data_network(cluster: TestCluster, tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sums = [json.loads(line.split("] ", 1)[1])["allreduce"] for line in proc.stdout.splitlines()]
     assert sums == [21] * 6
+
+
+# torch.distributed's Gloo from the torch variables; after an all-reduce, every established TCP
+# socket of this process (Gloo's pairs and its store) as seen by ss in the instance's namespace.
+GLOO = r"""
+import json, os, subprocess
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+value = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(value)
+out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True)
+mine = [l.split()[2:4] for l in out.stdout.splitlines() if f"pid={os.getpid()}," in l]
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps({"sum": value.item(), "ss": mine}))
+"""
+
+
+def ipv4_of(end: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``198.19.0.11:5000`` or ``[::ffff:198.19.0.11]:5000`` -> the IPv4 address."""
+    host = end.rsplit(":", 1)[0].strip("[]")
+    return ipaddress.ip_address(host.removeprefix("::ffff:"))
+
+
+def test_torch_gloo_sockets_follow_the_network(cluster: TestCluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    spec = spec_for(cluster, tmp_path)
+    out = tmp_path / "logs"
+    proc = poprun(
+        "launch", "-c", str(spec), "-b", "ssh", "-o", str(out),
+        "--network", str(cluster.data_subnet), "--", sys.executable, "-c", GLOO,
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = ipaddress.ip_network(cluster.data_subnet or "")
+    for rep in reports(out, 3):
+        assert rep["sum"] == 6.0
+        sockets = rep["ss"]
+        assert isinstance(sockets, list) and len(sockets) >= 2, rep  # the store and a peer
+        for pair in sockets:
+            for end in pair:
+                assert ipv4_of(end) in data, sockets
+
+
+def test_check_with_torch_gloo(cluster: TestCluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    spec = spec_for(cluster, tmp_path)
+    proc = poprun(
+        "check", "-c", str(spec), "-b", "ssh", "--network", str(cluster.data_subnet),
+        "--check-torch", "--check-timeout", "30", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:4]]
+    assert [row[5] for row in rows] == ["ok", "ok", "ok"], proc.stdout
