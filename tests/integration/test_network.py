@@ -277,6 +277,7 @@ def ipv4_of(end: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(host.removeprefix("::ffff:"))
 
 
+@pytest.mark.torch
 def test_torch_gloo_sockets_follow_the_network(cluster: TestCluster, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     spec = spec_for(cluster, tmp_path)
@@ -297,6 +298,7 @@ def test_torch_gloo_sockets_follow_the_network(cluster: TestCluster, tmp_path: P
                 assert ipv4_of(end) in data, sockets
 
 
+@pytest.mark.torch
 def test_check_with_torch_gloo(cluster: TestCluster, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     spec = spec_for(cluster, tmp_path)
