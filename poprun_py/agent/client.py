@@ -85,10 +85,12 @@ class AgentPool:
         return self.pool.settings
 
     def agent(self, conn: Connection) -> AgentConnection:
-        """The agent on ``conn``'s host, started now if it is not running yet."""
+        """The agent on ``conn``'s host, started now if it is not running yet (or has ended:
+        an agent exits after its job, and a restarted job starts a new one on the same
+        connection)."""
         with self._lock:
             agent = self._agents.get(conn.name)
-        if agent is None:
+        if agent is None or agent.exited():  # a restarted job gets a new agent: same connection
             agent = AgentConnection.start(conn)
             with self._lock:
                 self._agents[conn.name] = agent

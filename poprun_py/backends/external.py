@@ -73,6 +73,12 @@ class LauncherRun:
             supervised = self.run.wait()
         return self.results(supervised)
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the launcher alone, which passes it to every instance: Open MPI's
+        mpirun forwards SIGUSR1/SIGUSR2 to its ranks, srun to its tasks (the mpiexec backend
+        gets the same by running under a LauncherRun)."""
+        self.run.signal(signum)
+
 
 def how_ended(code: int) -> tuple[str, int | None, int | None]:
     """A launcher's return code as (``code N``/``signal N``, exit code if > 0, signal if any)."""
