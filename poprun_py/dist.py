@@ -219,7 +219,7 @@ def heartbeat() -> None:
 
 
 def _write_stderr(line: bytes) -> None:
-    try:
+    try:  # noqa: SIM105 - contextlib costs an import
         os.write(2, line)
     except OSError:
         pass

@@ -18,8 +18,8 @@ Example:
     >>> control, progress = Control(), Progress([0])
     >>> with Clocks(control, progress, {0: "h1"}, hang_timeout=0.05) as clocks:
     ...     _ = control.drain(), __import__("time").sleep(0.3)
-    >>> clocks.cause.reason, clocks.cause.code, control.stop_reason
-    ('instance 0 on h1 hung (no progress for 0.05 s)', 124, 'instance 0 on h1 hung (no progress for 0.05 s)')
+    >>> clocks.cause.reason, clocks.cause.code, control.stop_reason == clocks.cause.reason
+    ('instance 0 on h1 hung (no progress for 0.05 s)', 124, True)
     >>> control.close()
 """
 

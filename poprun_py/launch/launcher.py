@@ -144,8 +144,12 @@ def launch(
             def job_dir(p: Prepared) -> str:
                 return job_dir_for(p.plan, settings.output_dir)
 
+            def sync_paths(p: Prepared) -> list[str]:
+                return [sync_root(p.plan)]
+
             attempts = Attempts(
-                backend, settings, control, sessions, render_attempt, options, job_dir
+                backend, settings, control, sessions, render_attempt, options, job_dir,
+                sync_paths if settings.sync else None,
             )
             return attempts.run(prep)
     finally:

@@ -69,15 +69,14 @@ class Attempts:
     render: Render
     options: Callable[[Prepared, int, Progress], RunOptions]
     job_dir: Callable[[Prepared], str]
+    sync_paths: Callable[[Prepared], list[str]] | None = None  # --sync: what to push
     closed: set[int] = field(default_factory=set)
 
     def run(self, prep: Prepared) -> LaunchResult:
         """Open, preflight, then attempt until one succeeds, is interrupted, or none is left."""
         session, checked = self._open(prep)
-        if self.settings.sync:
-            from poprun_py.launch.launcher import sync_root
-
-            session.sync([sync_root(checked.prep.plan)])
+        if self.sync_paths is not None:
+            session.sync(self.sync_paths(checked.prep))
         prep, job_dir = checked.prep, self.job_dir(checked.prep)
         done: list[LaunchResult] = []
         replaced: dict[str, str] = {}
@@ -93,7 +92,7 @@ class Attempts:
                     except (RestartFailed, PreflightError) as exc:
                         return _history(replace(done[-1], restart_failed=str(exc)), done)
                     prep = checked.prep
-            result = self._attempt(session, checked, prep, job_dir, k, replaced)
+            result = self._attempt(session, checked, job_dir, k, replaced)
             done.append(result)
             if result.ok or result.interrupted or self.control.interrupted:
                 break
@@ -114,11 +113,11 @@ class Attempts:
         self,
         session: Session,
         checked: Checked,
-        prep: Prepared,
         job_dir: str,
         k: int,
         replaced: Mapping[str, str],
     ) -> LaunchResult:
+        prep = checked.prep
         job = self.render(prep, job_dir, checked, k)
         self._record_plan(prep, k, replaced)
         session.stage(job)

@@ -115,6 +115,17 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
+class LongRun:
+    """How a long run survives: whole-job restarts, spares, its clocks (None: no limit)."""
+
+    max_restarts: int = 0
+    restart_delay: float = 0.0
+    timeout: float | None = None
+    hang_timeout: float | None = None
+    spares: tuple[HostSpec, ...] = ()
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A plan and the settings resolved alongside it."""
 
@@ -126,20 +137,11 @@ class Prepared:
     templates: Path | None
     local_topology: Topology | None
     options: LaunchOptions
-    long_run: LongRun = field(default_factory=lambda: LongRun())
+    long_run: LongRun = field(default_factory=LongRun)
     job: JobSpec | None = None  # what the plan was made from (a spare's plan is made again)
     inputs: InputSet | None = None
 
 
-@dataclass(frozen=True)
-class LongRun:
-    """How a long run survives: whole-job restarts, spares, its clocks (None: no limit)."""
-
-    max_restarts: int = 0
-    restart_delay: float = 0.0
-    timeout: float | None = None
-    hang_timeout: float | None = None
-    spares: tuple[HostSpec, ...] = ()
 
 
 def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Prepared:

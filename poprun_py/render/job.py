@@ -255,14 +255,13 @@ def render_job(
     mpi_subnet: str | None = None,
     as_root: bool = False,
     argv_limit: int = ARGV_LIMIT,
-    restart_count: int = 0,
+    restart_count: int = 0,  # the attempt: POPRUN_RESTART_COUNT of every instance
 ) -> RenderedJob:
     """Render ``plan`` for ``backend``; RenderError (exit 2) names the template and the fault.
 
     ``available`` maps a host name to the real topology of the machine that runs its instances;
     bindings keep only CPUs and NUMA nodes that exist there. ``argv_limit`` is the command-line
-    size above which launchers move per-instance arguments into a file. ``restart_count`` is
-    the attempt (``POPRUN_RESTART_COUNT`` of every instance).
+    size above which launchers move per-instance arguments into a file.
     """
     if backend not in LAUNCHER_TEMPLATES:
         raise UnknownNameError("backend", backend, list(LAUNCHER_TEMPLATES))
@@ -460,11 +459,8 @@ def _host_contexts(plan: LaunchPlan) -> tuple[HostContext, ...]:
 
 
 def _instance_contexts(
-    plan: LaunchPlan,
-    hosts: Sequence[HostContext],
-    job_dir: str,
-    available: Mapping[str, Topology | None],
-    restart_count: int = 0,
+    plan: LaunchPlan, hosts: Sequence[HostContext], job_dir: str,
+    available: Mapping[str, Topology | None], restart_count: int,
 ) -> tuple[list[InstanceContext], list[dict[str, str]]]:
     secrets = instance_env.secret_names(plan.env)
     bind = Binder(plan, available)
