@@ -73,12 +73,22 @@ class Streamed:
     def __init__(self, proc: subprocess.Popen[str]):
         self.proc, self.lines = proc, queue.Queue[str]()
         self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line.rstrip("\n"))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.err.extend(self.proc.stderr)
 
     def wait_for(self, pattern: str, count: int, within: float = 60.0) -> float:
         """Wait until ``count`` lines matched ``pattern``; when the last one came."""
@@ -91,11 +101,12 @@ class Streamed:
         return time.monotonic()
 
     def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
-        _, err = self.proc.communicate(timeout=timeout)
-        time.sleep(0.1)
+        self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
         while not self.lines.empty():
             self.seen.append(self.lines.get())
-        return self.proc.returncode, "\n".join(self.seen), err
+        return self.proc.returncode, "\n".join(self.seen), "".join(self.err)
 
 
 def launch_args(spec: Path, backend: str, n: int, *more: str) -> list[str]:
@@ -190,7 +201,7 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
         assert "most recent call first" in log, (i, log)
         assert "poprun-py:" not in log  # the heartbeat markers are swallowed
     assert 'File "' + str(program) + '", line 6' in (logs / "instance-2.log").read_text()
-    assert "most recent call first" in out  # and on the terminal
+    assert "most recent call first" in err  # and on the terminal (stderr)
     only_sshd(test_cluster_4)
 
 
