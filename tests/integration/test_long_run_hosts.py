@@ -190,7 +190,7 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
                        str(program))
     run = started(args, tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     silent_since = run.wait_for(r":2\] start$", 1)
-    code, out, err = run.finish()
+    code, _, err = run.finish()
     ended = time.monotonic()
     assert code == 124, err
     assert ended - silent_since <= hang + grace + 2.0
