@@ -285,6 +285,7 @@ class Supervision:
         self.killed = False
         self.t0 = time.time()
         self.order: dict[int, int] = {}
+        self.forward: Callable[[int], None] = self.signal  # what a forwarded signal does
         self._stack = contextlib.ExitStack()
 
     def start(self, children: Sequence[Child]) -> None:
@@ -397,7 +398,7 @@ class Supervision:
         else:
             self.control.drain()
             for signum in self.control.take_forwards():
-                self.signal(signum)
+                self.forward(signum)
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every live child: its process group, or only itself when it

@@ -33,7 +33,7 @@ import os, signal, sys, time
 got = []
 signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
 print("ready", flush=True)
-deadline = time.monotonic() + 30
+deadline = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 30)
 while not got and time.monotonic() < deadline:
     time.sleep(0.02)
 print(("got usr1 " if got else "no usr1 ") + os.environ["RANK"], flush=True)
@@ -116,7 +116,7 @@ def launch_args(spec: Path, backend: str, n: int, *more: str) -> list[str]:
 # ---------------------------------------------------------------- restarts
 
 
-@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
+@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
 def test_a_failed_attempt_restarts_the_whole_job_on_every_host(
     test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
@@ -172,6 +172,21 @@ def test_usr1_reaches_every_instance_on_every_host_and_the_job_goes_on(
     assert code == 0, err
     for rank in range(4):
         assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
+    only_sshd(test_cluster_4)
+
+
+def test_usr1_is_not_forwarded_through_mpiexec_and_its_job_goes_on(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    program = tmp_path / "wait_usr1.py"
+    program.write_text(WAIT_USR1)
+    run = started(launch_args(spec, "mpiexec", 4, "--", PY, str(program), "3"), tmp_path)
+    run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR1)
+    code, out, err = run.finish()
+    assert "cannot pass signal 10 on to its instances: not forwarded" in err
+    assert code == 5 and len(re.findall(r"\] no usr1 \d$", out, re.M)) == 4, err
     only_sshd(test_cluster_4)
 
 
