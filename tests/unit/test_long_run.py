@@ -212,3 +212,33 @@ def test_spare_hosts_n_holds_back_the_last_n_hosts() -> None:
     prep = prepared(hosts="h1,h2,h3,h4", spare_hosts="1")
     assert [h.name for h in prep.plan.hosts] == ["h1", "h2", "h3"]
     assert [s.name for s in prep.long_run.spares] == ["h4"]
+
+
+def test_the_instance_side_markers_are_the_ones_poprun_py_swallows() -> None:
+    from poprun_py import dist
+    from poprun_py.process import progress
+
+    assert dist.HEARTBEAT_LINE.rstrip(b"\n") == progress.HEARTBEAT
+    assert dist.FAULTHANDLER_LINE.rstrip(b"\n") == progress.FAULTHANDLER
+    assert dist.RESTART_COUNT == "POPRUN_RESTART_COUNT"
+
+
+def test_output_swallows_markers_and_counts_every_line_as_progress(tmp_path: Path) -> None:
+    from poprun_py.backends.result import RunOptions
+    from poprun_py.process.output import Output
+    from poprun_py.process.progress import HEARTBEAT, Progress
+
+    shown: list[str] = []
+    progress = Progress([0], now=0.0)
+    opts = RunOptions(output_dir=tmp_path, sink=lambda i, s, line: shown.append(line),
+                      progress=progress)
+    out = Output(opts, {0: "h1"})
+    out.emit(0, "stderr", HEARTBEAT)
+    out.emit(0, "stdout", b"step 1")
+    out.close()
+    assert shown == ["step 1"] and progress.last(0) > 0.0
+    assert (tmp_path / "instance-0.log").read_text() == "step 1\n"
+    again = Output(RunOptions(output_dir=tmp_path, sink=lambda *a: None, attempt=1), {0: "h1"})
+    again.emit(0, "stdout", b"step 2")
+    again.close()
+    assert (tmp_path / "instance-0.log").read_text() == "step 1\nstep 2\n"
