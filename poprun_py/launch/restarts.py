@@ -7,7 +7,8 @@ instance has already been stopped (fail-fast), and the whole job starts again, u
 never restarts. Every instance of attempt k sees ``POPRUN_RESTART_COUNT=k`` and
 ``TORCHELASTIC_RESTART_COUNT=k``.
 
-A restart reuses the session (the same connections; the ssh and mpirun backends start new
+Spares are preflighted after the hosts (a session of their own, closed again: they are held
+back); one that fails is not used. A restart reuses the session (the same connections; the ssh and mpirun backends start new
 agents on them, slurm a new step in the same allocation) unless a host was lost: then the
 session is closed and a new one opened, with a spare in the place of each lost host (the same
 instances and replicas, so the global batch is unchanged) or, without a spare, the same host if
@@ -43,7 +44,7 @@ from poprun_py.backends.base import Backend, Checked, Session
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import PoprunError, PreflightError
 from poprun_py.launch.clocks import Clocks
-from poprun_py.prepare.job import Prepared, with_hosts_replaced
+from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control
 from poprun_py.render.job import RenderedJob
@@ -75,9 +76,11 @@ class Attempts:
     def run(self, prep: Prepared) -> LaunchResult:
         """Open, preflight, then attempt until one succeeds, is interrupted, or none is left."""
         session, checked = self._open(prep)
+        prep = self._check_spares(checked.prep)
         if self.sync_paths is not None:
-            session.sync(self.sync_paths(checked.prep))
-        prep, job_dir = checked.prep, self.job_dir(checked.prep)
+            session.sync(self.sync_paths(prep))
+        checked = replace(checked, prep=prep)
+        job_dir = self.job_dir(prep)
         done: list[LaunchResult] = []
         replaced: dict[str, str] = {}
         for k in range(prep.long_run.max_restarts + 1):
@@ -102,6 +105,25 @@ class Attempts:
         session = self.backend.open(prep, self.settings)
         self.sessions.callback(self._close, session)
         return session, session.preflight(prep)
+
+    def _check_spares(self, prep: Prepared) -> Prepared:
+        """Preflight the spares too (then release them: they are held back); a spare that
+        fails is dropped with a warning, the job goes on without it."""
+        spare_prep = spares_only(prep)
+        if spare_prep is None:
+            return prep
+        session = self.backend.open(spare_prep, self.settings)
+        try:
+            session.preflight(spare_prep)
+            failed: dict[str, str] = {}
+        except PreflightError as exc:
+            failed = {f.host: f"{f.check}: {f.detail}" for f in reversed(exc.faults)}
+        finally:
+            session.close()
+        for host, why in failed.items():
+            log.warning("spare host %s failed preflight (%s): it will not be used", host, why)
+        left = tuple(s for s in prep.long_run.spares if s.name not in failed)
+        return replace(prep, long_run=replace(prep.long_run, spares=left))
 
     def _close(self, session: Session) -> None:
         """Close ``session`` once (a restart closes it early, the launch's end again)."""

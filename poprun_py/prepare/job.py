@@ -236,6 +236,17 @@ def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> Lo
     return LongRun(restarts, float(delay), timeout, hang, cluster.spares)
 
 
+def spares_only(prep: Prepared) -> Prepared | None:
+    """The job planned on its spares alone (one instance each), for preflighting them with the
+    others before the launch; None without spares."""
+    spares = prep.long_run.spares
+    if not spares or prep.job is None:
+        return None
+    cluster = replace(prep.plan.cluster, hosts=spares, spares=())
+    job = replace(prep.job, instances=len(spares), replicas=len(spares), group_size=None)
+    return replace(prep, plan=make_plan(cluster, job, default_topology=prep.local_topology))
+
+
 def _in_place_of(lost: HostSpec, spare: HostSpec) -> HostSpec:
     """A spare taking a lost host's place keeps the lost host's slots and topology unless it
     declares its own (the plan must stay the same)."""
