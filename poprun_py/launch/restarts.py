@@ -8,13 +8,13 @@ never restarts. Every instance of attempt k sees ``POPRUN_RESTART_COUNT=k`` and
 ``TORCHELASTIC_RESTART_COUNT=k``.
 
 Spares are preflighted after the hosts (a session of their own, closed again: they are held
-back); one that fails is not used. A restart reuses the session (the same connections; the ssh and mpirun backends start new
-agents on them, slurm a new step in the same allocation) unless a host was lost: then the
-session is closed and a new one opened, with a spare in the place of each lost host (the same
-instances and replicas, so the global batch is unchanged) or, without a spare, the same host if
-it answers preflight again. When it does not, the restart fails with one line
-(``restart_failed``) and the exit code stays the last attempt's. The result is the last
-attempt's, with the earlier ones in ``attempts``.
+back); one that fails is not used. A restart reuses the session (the same connections; the ssh
+and MPI backends start new agents on them, slurm a new step in the same allocation) unless a
+host was lost: then the session is closed and a new one opened, with a spare in the place of
+each lost host (the same instances and replicas, so the global batch is unchanged) or, without
+a spare, the same host if it answers preflight again. When it does not, the restart fails
+with one line (``restart_failed``) and the exit code stays the last attempt's. The result is
+the last attempt's, with the earlier ones in ``attempts``.
 
 Example:
 
