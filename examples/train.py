@@ -6,7 +6,13 @@ and averages gradients over all instances every step: with mpi4py's Allreduce un
 (``OMPI_COMM_WORLD_SIZE`` set), else with the TCP allreduce of ``allreduce.py`` over
 ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``. Every instance ends with the same
 weights and prints the same, falling, loss. Exit code 0 on success, 1 on a communication
-error, 2 on bad input, 3 when ``--crash-instance`` says so.
+error, 2 on bad input, 3 when ``--crash-instance`` says so (on the first attempt only).
+
+With ``--checkpoint-dir`` instance 0 writes the weights and the step every ``--checkpoint-every``
+steps (atomically; the directory must be shared by the hosts, or be the same path on a shared
+file system), and every instance of a restarted job (``POPRUN_RESTART_COUNT`` > 0, see
+``poprun-py launch --max-restarts``) resumes from it: the final weights (``weights`` in the last
+line, a digest) are those of an uninterrupted run.
 
 Example:
 
@@ -21,8 +27,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -103,18 +111,53 @@ def local_sums(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.concatenate([x.T @ (p - y), [loss, correct, len(x)]])
 
 
+CHECKPOINT = "checkpoint.npz"
+
+
+def resume(args: argparse.Namespace) -> tuple[np.ndarray, int]:
+    """The weights and the last step done: from the checkpoint on a restart, else zeros and 0."""
+    w = np.zeros(NUM_FEATURES + 1)
+    path = args.checkpoint_dir / CHECKPOINT if args.checkpoint_dir else None
+    if path is None or dist.restart_count() == 0 or not path.exists():
+        return w, 0
+    with np.load(path) as saved:
+        w, step = saved["w"], int(saved["step"])
+    print(f"resumed from step {step} (restart {dist.restart_count()})", flush=True)
+    return w, step
+
+
+def checkpoint(args: argparse.Namespace, w: np.ndarray, step: int) -> None:
+    """Instance 0 saves the weights after ``step`` (written aside, then renamed)."""
+    if not args.checkpoint_dir or dist.getInstanceIndex() != 0:
+        return
+    if step % args.checkpoint_every and step != args.steps:
+        return
+    args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    tmp = args.checkpoint_dir / f".{CHECKPOINT}.{os.getpid()}.npz"
+    np.savez(tmp, w=w, step=step)
+    os.replace(tmp, args.checkpoint_dir / CHECKPOINT)
+
+
+def digest(w: np.ndarray) -> str:
+    """A short digest of the weights, to compare runs."""
+    return hashlib.sha256(np.ascontiguousarray(w, dtype=np.float64).tobytes()).hexdigest()[:16]
+
+
 def train(args: argparse.Namespace) -> int:
     """Train; print the loss every ``--log-every`` steps and a final summary line."""
     x, y = load(input_files(args.data))
     comm = communicator(args.timeout)
     rank, world = dist.getInstanceIndex(), dist.getNumInstances()
-    w = np.zeros(NUM_FEATURES + 1)
+    w, done = resume(args)
     loss = accuracy = count = 0.0
-    for step in range(1, args.steps + 1):
-        if step == 5 and rank == args.crash_instance:
+    for step in range(done + 1, args.steps + 1):
+        crash = step == args.crash_step and rank == args.crash_instance
+        if crash and dist.restart_count() == 0:
             print(f"instance {rank}: crashing on purpose (--crash-instance)", file=sys.stderr)
             sys.stderr.flush()
             os._exit(3)  # at once, as a crash would: no teardown for the peers to outrun
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
         total = comm.allreduce(local_sums(w, x, y))
         count = total[-1]
         if count == 0:
@@ -122,11 +165,12 @@ def train(args: argparse.Namespace) -> int:
             return 2
         loss, accuracy = total[-3] / count, total[-2] / count
         w -= args.lr * total[:-3] / count
+        checkpoint(args, w, step)
         if step == 1 or step % args.log_every == 0:
             print(f"step {step} loss {loss:.4f}", flush=True)
     print(
         f"final loss {loss:.4f} accuracy {accuracy:.3f} samples {int(count)} "
-        f"instance {rank}/{world}",
+        f"instance {rank}/{world} weights {digest(w)}",
         flush=True,
     )
     return 0
@@ -140,7 +184,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--data", type=Path, default=DEFAULT_DIR, help="data when run alone")
     parser.add_argument("--timeout", type=float, default=60.0, help="allreduce timeout (s)")
-    parser.add_argument("--crash-instance", type=int, default=-1, help="exit 3 at step 5")
+    parser.add_argument("--crash-instance", type=int, default=-1, help="exit 3 at --crash-step")
+    parser.add_argument("--crash-step", type=int, default=5)
+    parser.add_argument("--checkpoint-dir", type=Path, default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep before each step")
     return parser.parse_args(argv)
 
 

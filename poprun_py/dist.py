@@ -15,6 +15,15 @@ Example (in a training script):
     >>> for name in ("POPDIST_NUM_TOTAL_REPLICAS", "POPDIST_INSTANCE_INDEX"):
     ...     del os.environ[name]
     >>> files = shard_files()  # this instance's input files; [] when run on its own
+    >>> restart_count()  # 0 on the first attempt, k after the k-th restart (--max-restarts)
+    0
+    >>> heartbeat()  # progress for --hang-timeout; nothing happens outside poprun-py
+
+Under poprun-py (``POPRUN_RESTART_COUNT`` set), importing this module registers
+:mod:`faulthandler` for SIGUSR1 (chained to a handler the program set before; never to the
+default action, which would end the program) and says so with one
+line on stderr that poprun-py swallows: a hung job's stacks can then be dumped into its logs.
+:func:`heartbeat` writes another such line (at most one every 0.1 s).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ SHARD_FILE = "POPRUN_SHARD_FILE"
 SHARD_PADDING = "POPRUN_SHARD_PADDING"
 GROUP_SIZE = "POPRUN_GROUP_SIZE"
 REPLICA_GROUPS = "POPRUN_REPLICA_GROUPS"
+RESTART_COUNT = "POPRUN_RESTART_COUNT"
 
 NAMES = (
     NUM_TOTAL_REPLICAS,
@@ -61,8 +71,14 @@ NAMES = (
     SHARD_PADDING,
     GROUP_SIZE,
     REPLICA_GROUPS,
+    RESTART_COUNT,
 )
 """Every variable this module reads."""
+
+# The stderr lines poprun_py.process.progress swallows (tests/unit/test_dist.py checks they agree).
+HEARTBEAT_LINE = b"\x1b[poprun-py:heartbeat]\n"
+FAULTHANDLER_LINE = b"\x1b[poprun-py:faulthandler]\n"
+_beat = [0.0]
 
 
 # PopDist's camelCase names come first; the snake_case aliases follow them.
@@ -180,3 +196,51 @@ def group_size() -> int:
 def replica_groups() -> tuple[int, ...]:
     """Indices of the groups this instance's replicas belong to (empty when no groups)."""
     return _ints(REPLICA_GROUPS)
+
+
+def restart_count() -> int:
+    """The attempt this instance belongs to: 0, or k after the k-th restart of the whole job
+    (``--max-restarts``); a program resumes from its checkpoint when it is above 0."""
+    return _int(RESTART_COUNT, 0)
+
+
+def heartbeat() -> None:
+    """Tell poprun-py this instance makes progress (``--hang-timeout``) without printing:
+    one line on stderr that poprun-py swallows, at most every 0.1 s; nothing when the program
+    was not started by poprun-py. Cheap enough to call every step."""
+    if RESTART_COUNT not in os.environ:
+        return
+    import time
+
+    now = time.monotonic()
+    if now - _beat[0] >= 0.1:
+        _beat[0] = now
+        _write_stderr(HEARTBEAT_LINE)
+
+
+def _write_stderr(line: bytes) -> None:
+    try:  # noqa: SIM105 - contextlib costs an import
+        os.write(2, line)
+    except OSError:
+        pass
+
+
+def _register_faulthandler() -> None:
+    """Under poprun-py: SIGUSR1 dumps every thread's stack on stderr (chained), announced."""
+    import faulthandler
+    import signal
+    import sys
+
+    if RESTART_COUNT not in os.environ or not hasattr(signal, "SIGUSR1") or sys.stderr is None:
+        return
+    previous = signal.getsignal(signal.SIGUSR1)
+    # chain=True over the default action would re-raise SIGUSR1 and kill the program
+    chain = previous not in (signal.SIG_DFL, None)
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=chain)
+    except (RuntimeError, ValueError, OSError, AttributeError):
+        return
+    _write_stderr(FAULTHANDLER_LINE)
+
+
+_register_faulthandler()

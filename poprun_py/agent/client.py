@@ -72,6 +72,7 @@ class AgentPool:
     def __init__(self, pool: ConnectionPool):
         self.pool = pool
         self._agents: dict[str, AgentConnection] = {}
+        self._retired: list[AgentConnection] = []  # agents whose job was handed out
         self._lock = threading.Lock()
 
     @property
@@ -85,9 +86,15 @@ class AgentPool:
         return self.pool.settings
 
     def agent(self, conn: Connection) -> AgentConnection:
-        """The agent on ``conn``'s host, started now if it is not running yet."""
+        """The agent on ``conn``'s host, started now if it is not running yet (or has ended:
+        an agent exits after its job, and a restarted job starts a new one on the same
+        connection)."""
         with self._lock:
             agent = self._agents.get(conn.name)
+        if agent is not None and (agent.given_job or agent.exited()):
+            with self._lock:  # an agent runs one job: a restarted job gets a new one
+                self._retired.append(agent)
+            agent = None
         if agent is None:
             agent = AgentConnection.start(conn)
             with self._lock:
@@ -118,7 +125,8 @@ class AgentPool:
         ``wait`` seconds for all of them to have exited, then close the channels -- so nothing
         of poprun-py's is still running on any host when this returns."""
         with self._lock:
-            agents, self._agents = list(self._agents.values()), {}
+            agents, self._agents = [*self._retired, *self._agents.values()], {}
+            self._retired = []
         for agent in agents:
             agent.send_eof()
         deadline = time.monotonic() + wait
@@ -178,6 +186,7 @@ class AgentConnection:
         self.buffer = b""
         self.stderr = b""
         self.answered = False
+        self.given_job = False  # the agent got its job: it exits after it, never reused
         self._requests = 0
         self._lock = threading.Lock()  # one request at a time per agent
         self._send_lock = threading.Lock()  # whole lines: heartbeats come from another thread
@@ -246,6 +255,7 @@ class AgentConnection:
     def send(self, line: bytes) -> None:
         """Send one line to the agent."""
         with self._send_lock:
+            self.given_job = self.given_job or line.startswith(P.JOB + b" ")
             self.channel.sendall(line + b"\n")
 
     def pending(self) -> bool:

@@ -56,6 +56,7 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     REPLY,
     REQUEST_PUT,
     REQUEST_RUN,
+    SIGNAL_LINE,
     STARTED,
     STDERR,
     STDOUT,
@@ -297,6 +298,14 @@ class Agent:
                 self.stop()
             elif line == KILL_LINE:
                 self.signal_all(signal.SIGKILL)
+            elif line.startswith(SIGNAL_LINE + b" ") and line[4:].isdigit():
+                self.forward(int(line[4:]))
+
+    def forward(self, sig: int) -> None:
+        """Send ``sig`` to every instance still running (its process group); nothing else."""
+        for inst in self.instances:
+            if not inst.reported and inst.proc.poll() is None:
+                _kill(inst.proc.pid, sig, group=True)
 
     def read_pipe(self, inst: _Instance, fd: int) -> None:
         """Forward the complete lines of one instance pipe."""

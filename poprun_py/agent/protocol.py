@@ -14,7 +14,9 @@ poprun-py to the agent (its stdin):
 2. ``job {json}``: the host's part of the job (``files``, ``instances`` -- ``index``, ``argv``,
    ``env``, ``cwd``, and ``cpus``/``mems`` when bound -- and the timings);
 3. control lines: ``h`` (heartbeat), ``term`` (SIGTERM now, SIGKILL after the grace period),
-   ``kill`` (SIGKILL now). End of input means poprun-py is gone: stop everything.
+   ``kill`` (SIGKILL now), ``sig N`` (signal N to every running instance's process group, and
+   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py). End of input means poprun-py is gone:
+   stop everything.
 
 The agent to poprun-py (its stdout), about the job::
 
@@ -45,6 +47,7 @@ JOB = b"job"
 HEARTBEAT_LINE = b"h"
 TERM_LINE = b"term"
 KILL_LINE = b"kill"
+SIGNAL_LINE = b"sig"  # ``sig N``
 
 STARTED = b"p"
 STDOUT = b"o"

@@ -64,6 +64,12 @@ class Running(Protocol):
         """Supervise to the end; every instance's outcome."""
         ...
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every running instance on every host; the job goes on. Called by
+        ``wait``'s own loop for each :meth:`~poprun_py.process.signals.Control.forward`
+        request (SIGUSR1/SIGUSR2 to poprun-py, stack dumps of a hung job)."""
+        ...
+
 
 class Runner(Protocol):
     """What runs a rendered job: ``start`` returns once every instance was handed out."""

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 from poprun_py.errors import BackendError
 from poprun_py.process.output import LAUNCHER_INDEX, Output, write_job_files
 from poprun_py.process.supervise import Child, FeedFactory, Supervised, Supervision
+
+log = logging.getLogger("poprun_py.backends")
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import LaunchResult
@@ -64,14 +67,36 @@ class LauncherRun:
         run: Supervision,
         stack: contextlib.ExitStack,
         results: Callable[[Supervised], LaunchResult],
+        on_signal: Callable[[int], None] | None = None,
     ):
         self.run, self.stack, self.results = run, stack, results
+        self.on_signal = on_signal
+        run.forward = self.signal  # the supervision loop passes forwarded signals on here
 
     def wait(self) -> LaunchResult:
         """Supervise the launcher to the end; every instance's outcome."""
         with self.stack:
             supervised = self.run.wait()
         return self.results(supervised)
+
+    def signal(self, signum: int) -> None:
+        """Pass ``signum`` on to every instance: by default to the launcher alone, which
+        forwards it (Open MPI's mpirun forwards SIGUSR1/SIGUSR2 to its ranks, srun to its
+        tasks); a backend whose launcher does not gives ``on_signal`` (the hook mpiexec uses)."""
+        if self.on_signal is not None:
+            self.on_signal(signum)
+        else:
+            self.run.signal(signum)
+
+
+def not_forwarded(launcher: str) -> Callable[[int], None]:
+    """An ``on_signal`` for a launcher that cannot pass a signal on to its instances: the
+    signal is dropped with a warning (sending it would end the launcher's job)."""
+
+    def drop(signum: int) -> None:
+        log.warning("%s cannot pass signal %d on to its instances: not forwarded", launcher, signum)
+
+    return drop
 
 
 def how_ended(code: int) -> tuple[str, int | None, int | None]:

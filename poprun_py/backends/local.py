@@ -79,6 +79,10 @@ class LocalRun:
         """Supervise every instance to the end."""
         return self.run.wait().launch_result()
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every running instance's process group."""
+        self.run.signal(signum)
+
 
 def child(cmd: InstanceCommand) -> Child:
     """The process to start for ``cmd``, with its binding."""

@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING
 from poprun_py.agent.relay import Relay, relayed
 from poprun_py.agent.rsh_shim import exec_script_path, launcher_exec
 from poprun_py.backends.base import Defaults, Session, run_to_end
-from poprun_py.backends.external import LauncherRun, prepare_launcher, start_launcher
+from poprun_py.backends.external import (
+    LauncherRun,
+    not_forwarded,
+    prepare_launcher,
+    start_launcher,
+)
 from poprun_py.backends.mpi import source_address
 from poprun_py.backends.mpirun import FailureReport, TagDemux, rank_results
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
@@ -197,7 +202,10 @@ class MpiexecBackend(Defaults):
                 job, {**env, **relay.environ}, output, options.grace_period, demux, control
             )
             return LauncherRun(
-                run, stack.pop_all(), lambda done: rank_results(done, hosts, report, relay.lost)
+                run,
+                stack.pop_all(),
+                lambda done: rank_results(done, hosts, report, relay.lost),
+                not_forwarded("mpiexec (hydra 4.0: its proxies abort on SIGUSR1)"),
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 

@@ -9,6 +9,8 @@ Example:
     (1, 3)
     >>> InstanceResult(2, "h3", state="lost").code
     255
+    >>> LaunchResult((ok,), cause=JobCause("timed out after 90 s", 124)).exit_code
+    124
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_OK
+
+if TYPE_CHECKING:
+    from poprun_py.process.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -59,12 +65,29 @@ class InstanceResult:
 
 
 @dataclass(frozen=True)
+class JobCause:
+    """Why the launcher stopped a whole attempt by its own clocks (``--timeout``,
+    ``--hang-timeout``): the reason shown first, the exit code, the instance when one is named."""
+
+    reason: str
+    code: int
+    index: int | None = None
+
+
+@dataclass(frozen=True)
 class LaunchResult:
-    """Every instance's outcome. ``root_cause`` is the earliest failure."""
+    """Every instance's outcome. ``root_cause`` is the earliest failure; ``cause`` a job-level
+    cause (timed out, hung) that comes before it; ``attempts`` the earlier attempts of a
+    restarted job (``--max-restarts``), first to last, and ``restart_failed`` why a further
+    restart could not be made."""
 
     instances: tuple[InstanceResult, ...]
     interrupted: bool = False
     duration: float = 0.0
+    cause: JobCause | None = None
+    attempts: tuple[LaunchResult, ...] = ()
+    restart_failed: str = ""
+    replaced: tuple[tuple[str, str], ...] = ()  # (lost host, spare) in this attempt's plan
 
     @property
     def failures(self) -> tuple[InstanceResult, ...]:
@@ -79,16 +102,23 @@ class LaunchResult:
 
     @property
     def ok(self) -> bool:
-        """True when every instance exited 0 and nobody interrupted."""
-        return not self.interrupted and not self.failures
+        """True when every instance exited 0, nobody interrupted and no clock ran out."""
+        return not self.interrupted and not self.failures and self.cause is None
 
     @property
     def exit_code(self) -> int:
-        """0, 130 when interrupted, else the root cause's own code."""
+        """0, the job-level cause's code (124), 130 when interrupted, else the root cause's."""
+        if self.cause is not None:
+            return self.cause.code
         root = self.root_cause
         if root is not None:
             return root.code
         return EXIT_INTERRUPTED if self.interrupted else EXIT_OK
+
+    @property
+    def lost_hosts(self) -> tuple[str, ...]:
+        """The hosts lost during this attempt (each once, in instance order)."""
+        return tuple(dict.fromkeys(r.host for r in self.instances if r.state == "lost"))
 
 
 OutputSink = Callable[[int, str, str], None]
@@ -105,6 +135,8 @@ class RunOptions:
     sink: OutputSink | None = None
     connect_timeout: float = 10.0
     extra: dict[str, str] = field(default_factory=dict)
+    attempt: int = 0  # the restart count: logs of a later attempt are appended to
+    progress: Progress | None = None  # told of every instance's output (hang detection)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ requests), and
 
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
 makes every agent SIGTERM its instances' groups, and SIGKILL after the grace period;
-SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once). Agents and poprun-py
+SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once); SIGUSR1/SIGUSR2 to
+poprun-py reach every instance's process group (``sig N`` to every agent). Agents and poprun-py
 send each other heartbeats: a host silent for ``liveness`` seconds (dead, or off the network)
 is reported ``lost`` -- as the root cause, dated from when it was last heard -- and an agent
 that stops hearing poprun-py (closed stdin, or silence) stops its instances by itself, so a
@@ -258,6 +259,8 @@ class SshRun:
         """Handle what one channel (or the signal pipe, for None) has to say."""
         if link is None:
             self.control.drain()
+            for signum in self.control.take_forwards():
+                self.signal(signum)
             return
         records, ended = link.receive()
         for record in records:
@@ -326,6 +329,10 @@ class SshRun:
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.timing.grace
             self.send(P.TERM_LINE)
+
+    def signal(self, signum: int) -> None:
+        """Every agent sends ``signum`` to its instances' process groups (``sig N``)."""
+        self.send(b"sig %d" % signum)
 
     def send(self, line: bytes) -> None:
         """Send a control line to every live agent."""

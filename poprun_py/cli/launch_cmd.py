@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
+from poprun_py.cli import long_run as lr
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
-from poprun_py.errors import OWN_CODES, UsageError
+from poprun_py.errors import UsageError
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 if TYPE_CHECKING:
@@ -76,6 +77,11 @@ def _command(mode: str) -> Callable[..., None]:
         check: o.Check = False,
         check_timeout: o.CheckTimeout = 5.0,
         check_torch: o.CheckTorch = False,
+        max_restarts: lr.MaxRestarts = None,
+        restart_delay: lr.RestartDelay = None,
+        timeout: lr.Timeout = None,
+        hang_timeout: lr.HangTimeout = None,
+        spare_hosts: lr.SpareHosts = None,
     ) -> None:
         opts = LaunchOptions(
             program=tuple(program or ()),
@@ -108,6 +114,11 @@ def _command(mode: str) -> Callable[..., None]:
             device_env=device_env,
             nic_affinity=nic_affinity,
             exclude=exclude,
+            max_restarts=max_restarts,
+            restart_delay=restart_delay,
+            timeout=timeout,
+            hang_timeout=hang_timeout,
+            spare_hosts=spare_hosts,
         )
         if fmt not in ("table", "json"):
             raise UsageError(f"--format must be table or json, got {fmt!r}")
@@ -222,6 +233,10 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
         ("--templates", opts.templates),
         ("--grace-period", opts.grace_period),
         ("--connect-timeout", opts.connect_timeout),
+        ("--max-restarts", opts.max_restarts),
+        ("--restart-delay", opts.restart_delay),
+        ("--timeout", opts.timeout),
+        ("--hang-timeout", opts.hang_timeout),
         ("--output-dir", os.path.abspath(output_dir) if output_dir else None),
     ]
     argv = [sys.executable, "-m", "poprun_py", "launch", "--backend", "slurm"]
@@ -261,13 +276,15 @@ def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync:
     )
     with _warnings_to_stderr():
         result = launcher.launch(prep, settings)
+    attempts = lr.attempt_lines(result)
     if result.interrupted:
-        _print_summary(result)
+        _print_summary(result, attempts)
         raise Interrupted("interrupted: every instance was stopped", result)
     if not result.ok:
-        _print_summary(result)
-        root = result.root_cause
-        raise LaunchFailed(_describe_root(result), root.code if root else 1, result)
+        _print_summary(result, attempts)
+        raise LaunchFailed(lr.describe(result), result.exit_code, result)
+    if attempts:
+        _print_summary(None, attempts)
 
 
 @contextlib.contextmanager
@@ -290,28 +307,13 @@ def _warnings_to_stderr() -> Iterator[None]:
         logger.propagate = propagate
 
 
-def _describe_root(result: "LaunchResult") -> str:
-    root = result.root_cause
-    if root is None:
-        return "the launch failed"
-    if root.state == "lost":
-        what = f"lost contact with host {root.host}"
-    elif root.signal is not None:
-        what = f"was killed by signal {root.signal}"
-    else:
-        what = f"exited with code {root.exit_code}"
-    detail = f" ({root.detail})" if root.detail else ""
-    own = ""
-    if root.state != "lost" and root.code in OWN_CODES:
-        own = f" (exit code {root.code} is the instance's own, not poprun-py's)"
-    return (
-        f"instance {root.index} on {root.host} {what}{detail}{own}; "
-        "every other instance was stopped"
-    )
-
-
-def _print_summary(result: "LaunchResult") -> None:
+def _print_summary(result: "LaunchResult | None", attempts: list[str]) -> None:
     from rich.table import Table
+
+    for line in attempts:
+        sys.stderr.write(f"poprun-py: {line}\n")
+    if result is None:
+        return
 
     table = Table(title="instances", box=None, header_style="bold", title_justify="left")
     for column in ("instance", "host", "state", "code", "detail"):

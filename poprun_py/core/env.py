@@ -13,6 +13,8 @@ Example:
     >>> env = instance_env(plan, plan.instances[1], shard_file="/tmp/s1")
     >>> env["POPDIST_REPLICA_INDEX_OFFSET"], env["RANK"], env["GROUP_RANK"], env["MASTER_ADDR"]
     ('2', '1', '1', 'h1')
+    >>> instance_env(plan, plan.instances[0], restart_count=2)["TORCHELASTIC_RESTART_COUNT"]
+    '2'
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ RESERVED_NAMES = frozenset(
         "GROUP_RANK",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
     }
 )
 RESERVED_PREFIXES = ("POPDIST_", "POPRUN_")
@@ -46,8 +49,11 @@ def check_user_env(names: Iterable[str]) -> None:
             raise UsageError(f"--env {name}: poprun-py sets {name} itself for every instance")
 
 
-def layout_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:
-    """The variables that describe the layout (PopDist, torch, POPRUN_*)."""
+def layout_env(
+    plan: LaunchPlan, inst: InstancePlan, shard_file: str = "", restart_count: int = 0
+) -> dict[str, str]:
+    """The variables that describe the layout (PopDist, torch, POPRUN_*) and the attempt
+    (``restart_count``: 0 for the first, k for the k-th restart of the whole job)."""
     env = {
         "POPDIST_NUM_TOTAL_REPLICAS": str(plan.num_replicas),
         "POPDIST_NUM_INSTANCES": str(plan.num_instances),
@@ -72,6 +78,8 @@ def layout_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> di
         "POPRUN_DEVICES": ",".join(map(str, inst.devices)),
         "POPRUN_SHARD_FILE": shard_file,
         "POPRUN_SHARD_PADDING": str(inst.shard.padding),
+        "POPRUN_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
     }
     if plan.group_size is not None:
         env["POPRUN_GROUP_SIZE"] = str(plan.group_size)
@@ -122,12 +130,16 @@ def hardware_env(plan: LaunchPlan, inst: InstancePlan) -> dict[str, str]:
     return env
 
 
-def instance_env(plan: LaunchPlan, inst: InstancePlan, shard_file: str = "") -> dict[str, str]:
-    """Layout variables, then the hardware's (:func:`hardware_env`), then the user's (``--env``
-    and spec ``env``, which may override the hardware's but not the layout's)."""
-    env = layout_env(plan, inst, shard_file)
-    env.update(hardware_env(plan, inst))
-    layout = frozenset(env) - frozenset(hardware_env(plan, inst))
+def instance_env(
+    plan: LaunchPlan, inst: InstancePlan, shard_file: str = "", restart_count: int = 0
+) -> dict[str, str]:
+    """Layout variables (with the attempt's ``restart_count``), then the hardware's
+    (:func:`hardware_env`), then the user's (``--env`` and spec ``env``, which may override the
+    hardware's but not the layout's)."""
+    env = layout_env(plan, inst, shard_file, restart_count)
+    hardware = hardware_env(plan, inst)
+    env.update(hardware)
+    layout = frozenset(env) - frozenset(hardware)
     for var in plan.env:
         if var.name in layout:
             raise UsageError(f"--env {var.name} would override a variable poprun-py sets")

@@ -78,6 +78,10 @@ class Defaults:
     master_port: int | None = None
     python: str | None = None
     connect_timeout: float | None = None
+    max_restarts: int | None = None
+    restart_delay: float | None = None
+    timeout: float | None = None  # seconds
+    hang_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class ClusterSpec:
     known_hosts: str | None = None
     ssh_config: str | None = None
     network: str | None = None  # CIDR of the network instances talk on (spec ``network:``)
+    spares: tuple[HostSpec, ...] = ()  # held back, put in place of a lost host on a restart
 
     def host(self, name: str) -> HostSpec:
         """The host called ``name`` (KeyError if absent)."""

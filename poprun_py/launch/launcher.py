@@ -20,19 +20,22 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from poprun_py.backends import get_backend
-from poprun_py.backends.base import Backend, Session
+from poprun_py.backends.base import Backend, Checked
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import ssh_settings
 from poprun_py.core.plan import LaunchPlan
 from poprun_py.core.topology import Topology
 from poprun_py.prepare.job import Prepared
+from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control, Policy, fail_fast, handling_signals
 from poprun_py.render.job import RenderedJob
 
@@ -74,8 +77,10 @@ def render(
     job_dir: str,
     available: Mapping[str, Topology | None],
     backend: Backend | None = None,
+    restart_count: int = 0,
 ) -> RenderedJob:
-    """Render the prepared plan with what its backend adds (launcher options, interface)."""
+    """Render the prepared plan with what its backend adds (launcher options, interface);
+    ``restart_count`` is the attempt every instance is told of."""
     from poprun_py.render.job import render_job
 
     args = (backend or get_backend(prep.backend)).render_args(prep)
@@ -88,6 +93,7 @@ def render(
         mpi_args=args.mpi_args,
         mpi_subnet=args.mpi_subnet,
         as_root=args.as_root,
+        restart_count=restart_count,
     )
 
 
@@ -116,39 +122,38 @@ def launch(
     backend: Backend | None = None,
     policy: Policy = fail_fast,
 ) -> LaunchResult:
-    """Run the prepared job to the end and return every instance's outcome.
+    """Run the prepared job to the end (restarting it as ``prep.long_run`` allows) and return
+    every instance's outcome; earlier attempts are in ``result.attempts``.
 
     ``backend`` defaults to the registered one named by the plan (tests inject a fake);
     ``policy`` decides what an instance's end means (default: the first failure stops all).
     """
+    from poprun_py.launch.restarts import Attempts
+
     backend = backend or get_backend(prep.backend)
     control = Control(policy)
     try:
-        with handling_signals(control):
-            session = backend.open(prep, settings)
-            try:
-                return _run(backend, session, prep, settings, control)
-            finally:
-                session.close()
+        with handling_signals(control), contextlib.ExitStack() as sessions:
+
+            def render_attempt(p: Prepared, job_dir: str, checked: Checked, k: int) -> RenderedJob:
+                return render(p, job_dir, checked.topologies, backend, restart_count=k)
+
+            def options(p: Prepared, k: int, progress: Progress) -> RunOptions:
+                return replace(run_options(p, settings), attempt=k, progress=progress)
+
+            def job_dir(p: Prepared) -> str:
+                return job_dir_for(p.plan, settings.output_dir)
+
+            def sync_paths(p: Prepared) -> list[str]:
+                return [sync_root(p.plan)]
+
+            attempts = Attempts(
+                backend, settings, control, sessions, render_attempt, options, job_dir,
+                sync_paths if settings.sync else None,
+            )
+            return attempts.run(prep)
     finally:
         control.close()
-
-
-def _run(
-    backend: Backend,
-    session: Session,
-    prep: Prepared,
-    settings: RunSettings,
-    control: Control,
-) -> LaunchResult:
-    checked = session.preflight(prep)
-    prep = checked.prep
-    if settings.sync:
-        session.sync([sync_root(prep.plan)])
-    job = render(prep, job_dir_for(prep.plan, settings.output_dir), checked.topologies, backend)
-    session.stage(job)
-    control.arm()  # from now on a signal stops the instances instead of raising
-    return session.start(job, run_options(prep, settings), control).wait()
 
 
 def sync_root(plan: LaunchPlan) -> str:

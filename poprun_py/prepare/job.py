@@ -19,7 +19,7 @@ import gc
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from poprun_py.core.shard import InputSet
 from poprun_py.core.spec import (
     ClusterSpec,
     EnvVar,
+    HostSpec,
     JobSpec,
     SshOptions,
     check_env_name,
@@ -99,6 +100,11 @@ class LaunchOptions:
     device_env: str | None = None
     nic_affinity: bool | None = None
     exclude: str | None = None
+    max_restarts: int | None = None
+    restart_delay: float | None = None
+    timeout: str | None = None
+    hang_timeout: float | None = None
+    spare_hosts: str | None = None
 
     @property
     def ssh(self) -> SshOptions:
@@ -114,6 +120,17 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
+class LongRun:
+    """How a long run survives: whole-job restarts, spares, its clocks (None: no limit)."""
+
+    max_restarts: int = 0
+    restart_delay: float = 0.0
+    timeout: float | None = None
+    hang_timeout: float | None = None
+    spares: tuple[HostSpec, ...] = ()
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A plan and the settings resolved alongside it."""
 
@@ -125,6 +142,11 @@ class Prepared:
     templates: Path | None
     local_topology: Topology | None
     options: LaunchOptions
+    long_run: LongRun = field(default_factory=LongRun)
+    job: JobSpec | None = None  # what the plan was made from (a spare's plan is made again)
+    inputs: InputSet | None = None
+
+
 
 
 def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Prepared:
@@ -145,7 +167,7 @@ def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Pr
 def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
     _check_positive(opts)
     base = _load_base(opts.cluster)
-    cluster = _with_ssh_flags(_cluster(opts, base, env), opts)
+    cluster = _with_spares(_with_ssh_flags(_cluster(opts, base, env), opts), opts.spare_hosts)
     d = cluster.defaults
     backend = check_backend(opts.backend or d.backend or _default_backend(cluster, env))
     local = backend == "local" or cluster.all_local
@@ -171,7 +193,97 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         templates=Path(opts.templates) if opts.templates else None,
         local_topology=local_topo,
         options=opts,
+        long_run=_long_run(opts, cluster, plan),
+        job=job,
+        inputs=inputs,
     )
+
+
+def with_hosts_replaced(prep: Prepared, replaced: Mapping[str, str]) -> Prepared:
+    """The job planned again with spare ``replaced[lost]`` in the place of each lost host: the
+    same instances and replicas on each, the spare's own address and settings; the spares used
+    are no longer spares. PlanError if the job cannot be planned again."""
+    if not replaced:
+        return prep
+    cluster = prep.plan.cluster
+    spares = {s.name: s for s in prep.long_run.spares}
+    hosts = tuple(
+        _in_place_of(h, spares[replaced[h.name]]) if h.name in replaced else h
+        for h in cluster.hosts
+    )
+    left = tuple(s for s in prep.long_run.spares if s.name not in replaced.values())
+    cluster = replace(cluster, hosts=hosts, spares=left)
+    assert prep.job is not None, "a prepared job keeps its JobSpec"
+    plan = make_plan(
+        cluster,
+        prep.job,
+        prep.inputs,
+        default_topology=prep.local_topology,
+        default_topology_source="this machine" if prep.backend == "local" else "assumed",
+    )
+    return replace(prep, plan=plan, long_run=replace(prep.long_run, spares=left))
+
+
+def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> LongRun:
+    """Restarts, spares and clocks: flags over the spec's ``defaults``/``spares``; UsageError
+    (exit 2, nothing started) for a negative count, a bad duration, a spare that is planned."""
+    from poprun_py.core.duration import parse_duration
+
+    d = cluster.defaults
+    restarts = opts.max_restarts if opts.max_restarts is not None else d.max_restarts or 0
+    if restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {restarts}")
+    delay = opts.restart_delay if opts.restart_delay is not None else d.restart_delay or 0.0
+    if delay < 0:
+        raise UsageError(f"--restart-delay must be 0 or more, got {delay}")
+    hang = opts.hang_timeout if opts.hang_timeout is not None else d.hang_timeout
+    if hang is not None and hang <= 0:
+        raise UsageError(f"--hang-timeout must be more than 0, got {hang:g}")
+    timeout = parse_duration(opts.timeout, "--timeout") if opts.timeout else d.timeout
+    return LongRun(restarts, float(delay), timeout, hang, cluster.spares)
+
+
+def spares_only(prep: Prepared) -> Prepared | None:
+    """The job planned on its spares alone (one instance each), for preflighting them with the
+    others before the launch; None without spares."""
+    spares = prep.long_run.spares
+    if not spares or prep.job is None:
+        return None
+    cluster = replace(prep.plan.cluster, hosts=spares, spares=())
+    job = replace(prep.job, instances=len(spares), replicas=len(spares), group_size=None)
+    return replace(prep, plan=make_plan(cluster, job, default_topology=prep.local_topology))
+
+
+def _in_place_of(lost: HostSpec, spare: HostSpec) -> HostSpec:
+    """A spare taking a lost host's place keeps the lost host's slots and topology unless it
+    declares its own (the plan must stay the same)."""
+    return replace(spare, slots=spare.slots or lost.slots, topology=spare.topology or lost.topology)
+
+
+def _with_spares(cluster: ClusterSpec, given: str | None) -> ClusterSpec:
+    """The cluster with its spares: ``--spare-hosts N`` holds back the last N hosts given,
+    ``--spare-hosts H`` names them (host syntax), else the spec's ``spares:``. UsageError for
+    a spare that is also a planned host, or more spares than hosts to spare."""
+    if given is not None and given.strip().isdigit():
+        count, hosts = int(given), cluster.hosts
+        if count >= len(hosts):
+            raise UsageError(
+                f"--spare-hosts {count}: more spares than the {len(hosts)} host(s) given can spare"
+            )
+        if count:
+            cluster = replace(cluster, hosts=hosts[:-count], spares=hosts[-count:])
+    elif given is not None:
+        known = replace(cluster, hosts=(*cluster.hosts, *cluster.spares))
+        spares = cluster_from_hosts(parse_hosts(given, read=read_hostfile), base=known).hosts
+        cluster = replace(cluster, spares=spares)
+    planned = {h.name for h in cluster.hosts}
+    names = [s.name for s in cluster.spares]
+    for name in names:
+        if name in planned:
+            raise UsageError(f"spare host {name} is also a planned host")
+    if len(set(names)) != len(names):
+        raise UsageError("a spare host is listed twice")
+    return cluster
 
 
 def _split_mpi_args(text: str) -> tuple[str, ...]:

@@ -90,6 +90,10 @@ _DEFAULTS = Obj(
         "master_port": _PORT,
         "python": Str(min_len=1),
         "connect_timeout": Float(gt=0),
+        "max_restarts": Int(ge=0),
+        "restart_delay": Float(ge=0),
+        "timeout": Str(min_len=1),
+        "hang_timeout": Float(gt=0),
     }
 )
 _SSH = Obj(
@@ -129,6 +133,7 @@ _CLUSTER = Obj(
         "ssh": _SSH,
         "topologies": MapOf(_TOPOLOGY, default={}),
         "hosts": ListOf(_HOST, default=()),
+        "spares": ListOf(_HOST, default=()),
         "provider": _PROVIDER,
         "setup": Str(),
         "network": Str(min_len=1),
@@ -218,8 +223,18 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
     hosts: list[HostSpec] = []
     for i, host in enumerate(model.hosts):
         hosts.extend(_hosts(host, model.ssh, topologies, lines, source=source, path=("hosts", i)))
-    _guard(lambda: check_unique([h.name for h in hosts]), lines, source, ("hosts",))
+    spares: list[HostSpec] = []
+    for i, host in enumerate(model.spares):
+        spares.extend(_hosts(host, model.ssh, topologies, lines, source=source, path=("spares", i)))
+    names = [h.name for h in hosts]
+    _guard(lambda: check_unique(names), lines, source, ("hosts",))
+    _guard(lambda: check_unique(names + [h.name for h in spares]), lines, source, ("spares",))
     d = model.defaults
+    timeout = None
+    if d.timeout is not None:
+        from poprun_py.core.duration import parse_duration
+
+        timeout = _guard(lambda: parse_duration(d.timeout), lines, source, ("defaults", "timeout"))
     return ClusterSpec(
         name=model.name,
         hosts=tuple(hosts),
@@ -239,7 +254,12 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
             master_port=d.master_port,
             python=d.python,
             connect_timeout=d.connect_timeout,
+            max_restarts=d.max_restarts,
+            restart_delay=d.restart_delay,
+            timeout=timeout,
+            hang_timeout=d.hang_timeout,
         ),
+        spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,
         setup=model.setup,
         known_hosts=_expand(model.ssh.known_hosts),

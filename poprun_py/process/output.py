@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING
 
 from poprun_py.backends.result import OutputSink, RunOptions
 from poprun_py.errors import UsageError
+from poprun_py.process.progress import MARKERS
 
 if TYPE_CHECKING:
     from poprun_py.render.job import RenderedJob
@@ -58,16 +59,23 @@ class Output:
         self._logs: dict[int, IO[bytes]] = {}
         self._dir = options.output_dir
         self._launcher = launcher
+        self._progress = options.progress
+        self._mode = "ab" if options.attempt else "wb"  # a restart's logs follow the last's
         if self._dir is not None:
             Path(self._dir).mkdir(parents=True, exist_ok=True)
             for index in hosts:
-                self._logs[index] = (Path(self._dir) / f"instance-{index}.log").open("wb")
+                self._logs[index] = (Path(self._dir) / f"instance-{index}.log").open(self._mode)
 
     def emit(self, index: int, stream: str, line: bytes) -> None:
-        """One line (without its newline) from instance ``index`` on ``stream``."""
+        """One line (without its newline) from instance ``index`` on ``stream``; poprun-py's
+        progress markers (:mod:`poprun_py.process.progress`) are swallowed."""
+        if self._progress is not None:
+            self._progress.seen(index, line)
+        if line[:2] == b"\x1b[" and line.rstrip(b"\r") in MARKERS:
+            return
         log = self._logs.get(index)
         if log is None and index == LAUNCHER_INDEX and self._dir is not None:
-            log = self._logs[index] = (Path(self._dir) / f"{self._launcher}.log").open("wb")
+            log = self._logs[index] = (Path(self._dir) / f"{self._launcher}.log").open(self._mode)
         if log is not None:
             log.write(line + b"\n")
         if stream == "stdout" and self._only is not None and index not in (self._only, -1):

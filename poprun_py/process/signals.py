@@ -8,7 +8,11 @@ handler, each waking the runner's poll loop through a pipe (:attr:`Control.wake_
 - :meth:`Control.interrupt` -- the user's stop (a signal): every instance is stopped, the
   result is *interrupted* (exit 130); a second interrupt means "kill now";
 - :meth:`Control.stop` -- a stop the launcher's rules decided (an instance failed, a host was
-  lost): every instance is stopped gracefully, the result keeps its root cause.
+  lost, a clock ran out): every instance is stopped gracefully, the result keeps its root cause;
+- :meth:`Control.forward` -- a signal for every instance on every host (SIGUSR1/SIGUSR2 sent to
+  poprun-py, or the launcher's request for stack dumps); the runner takes it with
+  :meth:`Control.take_forwards` when woken and signals its instances (``Running.signal``),
+  and the job goes on.
 
 Runners report every instance's end to :meth:`Control.ended`; the launcher's policy (by default
 :func:`fail_fast`) turns a failure into :meth:`Control.stop`. So the rule "the first failure
@@ -17,12 +21,16 @@ stops everything" lives once, here, not in each backend.
 :func:`handling_signals` installs the handlers (main thread only; the old ones come back after).
 While a job is running (``control.armed``) a signal becomes :meth:`Control.interrupt`; before
 that (connecting, preflight, staging) it raises KeyboardInterrupt, which the CLI turns into
-exit 130 with nothing left started.
+exit 130 with nothing left started. SIGUSR1 and SIGUSR2 (:data:`FORWARD_SIGNALS`) become
+:meth:`Control.forward` while armed and are ignored before (they no longer kill poprun-py).
+A restarted job keeps its Control: :meth:`Control.next_attempt` clears the rule's stop.
 
 Example:
 
     >>> control = Control()
     >>> control.arm()
+    >>> control.forward(10); control.take_forwards(), control.take_forwards()
+    ([10], [])
     >>> control.interrupt(); control.interrupts, control.stopping, control.interrupted
     (1, True, True)
     >>> control.close()
@@ -44,6 +52,10 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
 )
 """The signals that stop a job (and ``exec``/``sync``) the same way on every backend."""
+FORWARD_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, n) for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)
+)
+"""The signals poprun-py passes on to every instance of a running job (the job goes on)."""
 
 Policy = Callable[["Control", "InstanceResult"], None]
 """Called with every instance's end; may call ``control.stop(reason)``."""
@@ -63,6 +75,7 @@ class Control:
         self.interrupts = 0
         self.stop_reason: str | None = None
         self.armed = False
+        self._forwards: list[int] = []
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -104,6 +117,27 @@ class Control:
                 self.stop_reason = reason
         self.wake()
 
+    def forward(self, signum: int) -> None:
+        """Ask the runner to send ``signum`` to every instance. Safe in a signal handler
+        (list.append is atomic; no lock taken)."""
+        self._forwards.append(signum)
+        self.wake()
+
+    def take_forwards(self) -> list[int]:
+        """The signals asked for since the last call, oldest first (the runner sends them)."""
+        taken = []
+        while self._forwards:
+            taken.append(self._forwards.pop(0))
+        return taken
+
+    def next_attempt(self) -> None:
+        """A restart begins: forget the last attempt's rule stop and pending forwards (an
+        interrupt is never forgotten: an interrupted job is not restarted)."""
+        with self._lock:
+            self.stop_reason = None
+        self._forwards.clear()
+        self.drain()
+
     def ended(self, result: InstanceResult) -> None:
         """A runner reports one instance's end; the policy decides what follows."""
         if self.policy is not None:
@@ -141,7 +175,12 @@ def handling_signals(control: Control) -> Iterator[Control]:
             raise KeyboardInterrupt
         control.interrupt()
 
+    def on_forward(signum: int, frame: object) -> None:
+        if control.armed:
+            control.forward(signum)
+
     old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    old.update({s: signal.signal(s, on_forward) for s in FORWARD_SIGNALS})
     try:
         yield control
     finally:

@@ -13,7 +13,8 @@ policy (fail-fast by default) asks for a stop when a child fails (non-zero exit,
 signal, or a program that cannot be started): then every other child's process group gets
 SIGTERM, and SIGKILL after the grace period. SIGINT, SIGTERM and SIGHUP to poprun-py reach the
 same Control through :mod:`poprun_py.process.signals` and stop everything the same way; a
-second one sends SIGKILL at once.
+second one sends SIGKILL at once. SIGUSR1/SIGUSR2 forwarded through the Control go to every
+live child (:meth:`Supervision.signal`) and the run goes on.
 
 Nothing is left behind: poprun-py makes itself a child subreaper (Linux), so every descendant
 stays in its subtree, and once its children are gone (or at a stop) it sweeps ``/proc`` for
@@ -284,6 +285,7 @@ class Supervision:
         self.killed = False
         self.t0 = time.time()
         self.order: dict[int, int] = {}
+        self.forward: Callable[[int], None] = self.signal  # what a forwarded signal does
         self._stack = contextlib.ExitStack()
 
     def start(self, children: Sequence[Child]) -> None:
@@ -395,6 +397,14 @@ class Supervision:
                 self._reap(proc)
         else:
             self.control.drain()
+            for signum in self.control.take_forwards():
+                self.forward(signum)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to every live child: its process group, or only itself when it
+        forwards signals to what it started (``signal_group`` False: mpirun, srun)."""
+        for proc in list(self.live.values()):
+            send_signal(proc.launched.pid, signum, group=proc.child.signal_group)
 
     def _read(self, pipe: _Pipe) -> None:
         try:

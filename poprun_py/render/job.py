@@ -255,6 +255,7 @@ def render_job(
     mpi_subnet: str | None = None,
     as_root: bool = False,
     argv_limit: int = ARGV_LIMIT,
+    restart_count: int = 0,  # the attempt: POPRUN_RESTART_COUNT of every instance
 ) -> RenderedJob:
     """Render ``plan`` for ``backend``; RenderError (exit 2) names the template and the fault.
 
@@ -267,7 +268,7 @@ def render_job(
     jenv = _environment(templates_dir)
     job_dir = _normalize_dir(job_dir)
     hosts = _host_contexts(plan)
-    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {})
+    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, restart_count)
     base = _base_context(plan, backend, job_dir, hosts)
     base.update(mpi_args=tuple(mpi_args), mpi_subnet=mpi_subnet, as_root=as_root)
     argvs = _render_instances(jenv, base, contexts)
@@ -458,17 +459,15 @@ def _host_contexts(plan: LaunchPlan) -> tuple[HostContext, ...]:
 
 
 def _instance_contexts(
-    plan: LaunchPlan,
-    hosts: Sequence[HostContext],
-    job_dir: str,
-    available: Mapping[str, Topology | None],
+    plan: LaunchPlan, hosts: Sequence[HostContext], job_dir: str,
+    available: Mapping[str, Topology | None], restart_count: int,
 ) -> tuple[list[InstanceContext], list[dict[str, str]]]:
     secrets = instance_env.secret_names(plan.env)
     bind = Binder(plan, available)
     contexts, envs = [], []
     for inst in plan.instances:
         shard_file = posixpath.join(job_dir, f"shard-{inst.index}.txt")
-        env = instance_env.instance_env(plan, inst, shard_file)
+        env = instance_env.instance_env(plan, inst, shard_file, restart_count)
         host = hosts[inst.host_index]
         where = (inst.index, host, inst.local_index, inst, bind(inst), plan.workdir, shard_file)
         contexts.append(InstanceContext(*where, (), (), env, secrets))

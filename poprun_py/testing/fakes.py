@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from poprun_py.backends.base import Checked, Defaults
 from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.process.progress import FAULTHANDLER, MARKERS
 from poprun_py.providers.base import ProvisionContext
 from poprun_py.providers.records import Node, ProvisionRecord, Resource
 
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from poprun_py.render.job import RenderedJob
 
 SIGKILL = 9
+SIGUSR1 = 10
+MARKER_TEXTS = tuple(m.decode() for m in MARKERS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Script:
     lost: bool = False  # its host stops answering at ``after``
     ignores_term: bool = False  # a stop ends it only at SIGKILL, after the grace period
     output: tuple[str, ...] = ()  # stdout lines it prints when it starts
+    faulthandler: bool = False  # registers faulthandler: SIGUSR1 prints a stack on stderr
 
 
 @dataclass
@@ -67,10 +71,15 @@ class FakeBackend(Defaults):
     name: str = "fake"
     calls: list[str] = field(default_factory=list)
     started_jobs: list[RenderedJob] = field(default_factory=list)
+    attempts: Sequence[Mapping[int, Script]] = ()  # scripts of attempt k (the last repeats)
+    down: Sequence[str] = ()  # hosts that fail the preflight of every session but the first
+    signals: list[tuple[int, int]] = field(default_factory=list)  # (attempt, signum) sent
+    opened: list[tuple[str, ...]] = field(default_factory=list)  # each session's plan hosts
 
     def open(self, prep: Prepared, settings: RunSettings) -> FakeSession:
         """Record the call; the session is this backend's."""
         self.calls.append("open")
+        self.opened.append(tuple(h.name for h in prep.plan.hosts))
         return FakeSession(self)
 
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> FakeRunning:
@@ -78,6 +87,12 @@ class FakeBackend(Defaults):
         self.calls.append("start")
         self.started_jobs.append(job)
         return FakeRunning(self, job, options, control)
+
+    def scripts_of(self, attempt: int) -> Mapping[int, Script]:
+        """The scripts of attempt ``attempt`` (``attempts``, else ``scripts``)."""
+        if not self.attempts:
+            return self.scripts
+        return self.attempts[min(attempt, len(self.attempts) - 1)]
 
 
 class FakeSession:
@@ -91,6 +106,9 @@ class FakeSession:
         self.backend.calls.append("preflight")
         if self.backend.faults:
             raise PreflightError(self.backend.faults)
+        down = [h.name for h in prep.plan.hosts if h.name in self.backend.down]
+        if down and len(self.backend.opened) > 1:
+            raise PreflightError([Fault(h, "connect", "no answer") for h in down])
         return Checked(prep, dict(self.backend.topologies))
 
     def sync(self, paths: Sequence[str]) -> None:
@@ -115,18 +133,33 @@ class FakeRunning:
 
     def __init__(self, backend: FakeBackend, job: RenderedJob, options: RunOptions, c: Control):
         self.backend, self.options, self.control = backend, options, c
+        self.attempt = len(backend.started_jobs) - 1
         self.t0 = time.monotonic()
         self.hosts = {cmd.index: cmd.host for cmd in job.instances}
         self.results: dict[int, InstanceResult] = {}
         self.stop_at: float | None = None
         for index in self.hosts:
+            if self.script(index).faulthandler:
+                self._say(index, "stderr", FAULTHANDLER.decode())
             for line in self.script(index).output:
-                if options.sink is not None:
-                    options.sink(index, "stdout", line)
+                self._say(index, "stdout", line)
 
     def script(self, index: int) -> Script:
         """The script of instance ``index`` (exit 0 at once when none was given)."""
-        return self.backend.scripts.get(index, Script())
+        return self.backend.scripts_of(self.attempt).get(index, Script())
+
+    def signal(self, signum: int) -> None:
+        """Record the signal; instances with faulthandler print a stack on SIGUSR1."""
+        self.backend.signals.append((self.attempt, signum))
+        for index in self.hosts:
+            if index not in self.results and signum == SIGUSR1 and self.script(index).faulthandler:
+                self._say(index, "stderr", f"Thread 0x1 (most recent call first): fake {index}")
+
+    def _say(self, index: int, stream: str, line: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress.seen(index, line)
+        if self.options.sink is not None and line not in MARKER_TEXTS:
+            self.options.sink(index, stream, line)
 
     def wait(self) -> LaunchResult:
         """Run the scripts to the end, honouring every stop request."""
@@ -142,6 +175,8 @@ class FakeRunning:
                 break
             select.select([self.control.wake_fd], [], [], self._timeout())
             self.control.drain()
+            for signum in self.control.take_forwards():
+                self.signal(signum)
         ordered = tuple(self.results[i] for i in sorted(self.results))
         return LaunchResult(ordered, self.control.interrupted, time.monotonic() - self.t0)
 

@@ -1,0 +1,211 @@
+"""Whole-job restarts (``--max-restarts``), once for every backend, over the lifecycle interface.
+
+An attempt is render → stage → start → wait with its clocks (:mod:`poprun_py.launch.clocks`).
+When it fails -- an instance exited non-zero, a host was lost, it hung or timed out -- every
+instance has already been stopped (fail-fast), and the whole job starts again, up to
+``max_restarts`` times, after ``restart_delay`` seconds; an interrupt (Ctrl-C, SIGTERM, SIGHUP)
+never restarts. Every instance of attempt k sees ``POPRUN_RESTART_COUNT=k`` and
+``TORCHELASTIC_RESTART_COUNT=k``.
+
+Spares are preflighted after the hosts (a session of their own, closed again: they are held
+back); one that fails is not used. A restart reuses the session (the same connections; the ssh
+and MPI backends start new agents on them, slurm a new step in the same allocation) unless a
+host was lost: then the session is closed and a new one opened, with a spare in the place of
+each lost host (the same instances and replicas, so the global batch is unchanged) or, without
+a spare, the same host if it answers preflight again. When it does not, the restart fails
+with one line (``restart_failed``) and the exit code stays the last attempt's. The result is
+the last attempt's, with the earlier ones in ``attempts``.
+
+Example:
+
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
+    >>> from poprun_py.testing.fakes import FakeBackend, Script
+    >>> prep = prepare(LaunchOptions(hosts="h1,h2", program=("t",), max_restarts=2), environ={})
+    >>> fake = FakeBackend(attempts=[{1: Script(exit_code=3)}, {}])
+    >>> from poprun_py.launch.launcher import RunSettings, launch
+    >>> result = launch(prep, RunSettings(), backend=fake)
+    >>> result.ok, [a.exit_code for a in result.attempts], fake.calls.count("start")
+    (True, [3], 2)
+    >>> [job.instances[0].env["POPRUN_RESTART_COUNT"] for job in fake.started_jobs]
+    ['0', '1']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import select
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from poprun_py.backends.base import Backend, Checked, Session
+from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.errors import PoprunError, PreflightError
+from poprun_py.launch.clocks import Clocks
+from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
+from poprun_py.process.progress import Progress
+from poprun_py.process.signals import Control
+from poprun_py.render.job import RenderedJob
+
+log = logging.getLogger("poprun_py.launch")
+
+Render = Callable[[Prepared, str, Checked, int], RenderedJob]
+"""Renders attempt k's job: (prep, job dir, preflight's answer, restart count)."""
+
+
+class RestartFailed(PoprunError):
+    """A restart could not be made (a lost host without a spare does not answer)."""
+
+
+@dataclass
+class Attempts:
+    """The restart loop of one launch. ``sessions`` closes every session it opened."""
+
+    backend: Backend
+    settings: RunSettings
+    control: Control
+    sessions: contextlib.ExitStack
+    render: Render
+    options: Callable[[Prepared, int, Progress], RunOptions]
+    job_dir: Callable[[Prepared], str]
+    sync_paths: Callable[[Prepared], list[str]] | None = None  # --sync: what to push
+    closed: set[int] = field(default_factory=set)
+
+    def run(self, prep: Prepared) -> LaunchResult:
+        """Open, preflight, then attempt until one succeeds, is interrupted, or none is left."""
+        session, checked = self._open(prep)
+        prep = self._check_spares(checked.prep)
+        if self.sync_paths is not None:
+            session.sync(self.sync_paths(prep))
+        checked = replace(checked, prep=prep)
+        job_dir = self.job_dir(prep)
+        done: list[LaunchResult] = []
+        replaced: dict[str, str] = {}
+        for k in range(prep.long_run.max_restarts + 1):
+            if k:
+                self.control.next_attempt()
+                if not self._pause(prep.long_run.restart_delay):
+                    return _history(replace(done[-1], interrupted=True), done)
+                lost = done[-1].lost_hosts
+                if lost:
+                    try:
+                        session, checked, replaced = self._reopen(session, prep, lost)
+                    except (RestartFailed, PreflightError) as exc:
+                        return _history(replace(done[-1], restart_failed=str(exc)), done)
+                    prep = checked.prep
+            result = self._attempt(session, checked, job_dir, k, replaced)
+            done.append(result)
+            if result.ok or result.interrupted or self.control.interrupted:
+                break
+        return _history(done[-1], done)
+
+    def _open(self, prep: Prepared) -> tuple[Session, Checked]:
+        session = self.backend.open(prep, self.settings)
+        self.sessions.callback(self._close, session)
+        return session, session.preflight(prep)
+
+    def _check_spares(self, prep: Prepared) -> Prepared:
+        """Preflight the spares too (then release them: they are held back); a spare that
+        fails is dropped with a warning, the job goes on without it."""
+        spare_prep = spares_only(prep)
+        if spare_prep is None:
+            return prep
+        session = self.backend.open(spare_prep, self.settings)
+        try:
+            session.preflight(spare_prep)
+            failed: dict[str, str] = {}
+        except PreflightError as exc:
+            failed = {f.host: f"{f.check}: {f.detail}" for f in reversed(exc.faults)}
+        finally:
+            session.close()
+        for host, why in failed.items():
+            log.warning("spare host %s failed preflight (%s): it will not be used", host, why)
+        left = tuple(s for s in prep.long_run.spares if s.name not in failed)
+        return replace(prep, long_run=replace(prep.long_run, spares=left))
+
+    def _close(self, session: Session) -> None:
+        """Close ``session`` once (a restart closes it early, the launch's end again)."""
+        if id(session) not in self.closed:
+            self.closed.add(id(session))
+            session.close()
+
+    def _attempt(
+        self,
+        session: Session,
+        checked: Checked,
+        job_dir: str,
+        k: int,
+        replaced: Mapping[str, str],
+    ) -> LaunchResult:
+        prep = checked.prep
+        job = self.render(prep, job_dir, checked, k)
+        self._record_plan(prep, k, replaced)
+        session.stage(job)
+        hosts = {cmd.index: cmd.host for cmd in job.instances}
+        progress = Progress(hosts)
+        run_opts = self.options(prep, k, progress)
+        self.control.arm()  # from now on a signal stops the instances instead of raising
+        long_run = prep.long_run
+        clocks = Clocks(
+            self.control,
+            progress,
+            hosts,
+            timeout=long_run.timeout,
+            hang_timeout=long_run.hang_timeout,
+        )
+        with clocks:
+            result = session.start(job, run_opts, self.control).wait()
+        pairs = tuple(sorted(replaced.items()))
+        return replace(result, cause=clocks.cause or result.cause, replaced=pairs)
+
+    def _pause(self, delay: float) -> bool:
+        """Wait ``delay`` seconds before a restart; False when interrupted meanwhile."""
+        if delay > 0 and not self.control.interrupted:
+            select.select([self.control.wake_fd], [], [], delay)
+        return not self.control.interrupted
+
+    def _reopen(
+        self, session: Session, prep: Prepared, lost: tuple[str, ...]
+    ) -> tuple[Session, Checked, dict[str, str]]:
+        """A new session after hosts were lost: a spare in each lost host's place (the same
+        host again when no spare is left, if it answers preflight)."""
+        self._close(session)
+        spares = [s.name for s in prep.long_run.spares]
+        replaced = {host: spares.pop(0) for host in lost if spares}
+        while True:
+            for host, spare in replaced.items():
+                log.warning("restart: spare host %s takes the place of lost host %s", spare, host)
+            try:
+                session, checked = self._open(with_hosts_replaced(prep, replaced))
+            except PreflightError as exc:
+                failing = [f.host for f in exc.faults]
+                if spares and all(h in lost and h not in replaced for h in failing):
+                    replaced.update({h: spares.pop(0) for h in failing if spares})
+                    continue  # a host that does not answer again: a spare in its place
+                reused = [h for h in failing if h in lost and h not in replaced]
+                if reused:
+                    raise RestartFailed(
+                        f"cannot restart: host {reused[0]} was lost, does not answer again "
+                        f"({exc.faults[0].detail}) and no spare is left"
+                    ) from None
+                raise
+            return session, checked, replaced
+
+    def _record_plan(self, prep: Prepared, k: int, replaced: Mapping[str, str]) -> None:
+        """With ``--output-dir``: each restart's plan, saying which host replaced which."""
+        if not self.settings.output_dir or not k:
+            return
+        from poprun_py.core.views import plan_dict
+
+        record = {"restart": k, "replaced": dict(replaced), "plan": plan_dict(prep.plan)}
+        path = Path(self.settings.output_dir) / f"plan-restart-{k}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def _history(last: LaunchResult, done: list[LaunchResult]) -> LaunchResult:
+    """The last attempt's result, carrying the earlier ones."""
+    earlier = tuple(r for r in done if r is not last)
+    return replace(last, attempts=earlier) if earlier else last

@@ -1,0 +1,75 @@
+"""Progress of every instance, for hang detection: the time of its last output line, and
+whether it registered :mod:`faulthandler` for SIGUSR1 (so a stack dump can be asked for).
+
+The channel works through every backend because it is the instance's own output, which every
+backend already carries line by line to :class:`~poprun_py.process.output.Output`: any line
+counts as progress, and :func:`poprun_py.dist.heartbeat` writes :data:`HEARTBEAT` -- a line on
+stderr that poprun-py swallows (never logged nor shown) -- for programs that print rarely.
+``poprun_py.dist`` writes :data:`FAULTHANDLER` once on import (only when started by poprun-py)
+after registering ``faulthandler`` for SIGUSR1; that line is swallowed too.
+
+Example:
+
+    >>> p = Progress([0, 1], now=100.0)
+    >>> p.seen(1, FAULTHANDLER.decode(), now=105.0)
+    True
+    >>> p.stalest(now=110.0), p.dumpable
+    ((0, 10.0), False)
+    >>> p.seen(0, "step 3", now=111.0), p.stalest(now=112.0)
+    (False, (1, 7.0))
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+HEARTBEAT = b"\x1b[poprun-py:heartbeat]"
+"""The line :func:`poprun_py.dist.heartbeat` writes on stderr (swallowed by poprun-py)."""
+FAULTHANDLER = b"\x1b[poprun-py:faulthandler]"
+"""The line ``poprun_py.dist`` writes on stderr once faulthandler dumps stacks on SIGUSR1."""
+MARKERS = (HEARTBEAT, FAULTHANDLER)
+
+
+class Progress:
+    """Thread-safe: backends' output loops call :meth:`seen`, the launcher's clock thread
+    reads :meth:`stalest`."""
+
+    def __init__(self, indexes: Iterable[int], now: float | None = None):
+        start = time.monotonic() if now is None else now
+        self._last = dict.fromkeys(indexes, start)
+        self._faulthandler: set[int] = set()
+        self._lock = threading.Lock()
+
+    def seen(self, index: int, line: str | bytes, now: float | None = None) -> bool:
+        """Instance ``index`` wrote ``line``; True when it is one of poprun-py's markers (the
+        caller then swallows it)."""
+        raw = line.encode("utf-8", "replace") if isinstance(line, str) else line
+        marker = raw.rstrip(b"\r") in MARKERS
+        with self._lock:
+            if index in self._last:
+                self._last[index] = time.monotonic() if now is None else now
+            if marker and raw.rstrip(b"\r") == FAULTHANDLER:
+                self._faulthandler.add(index)
+        return marker
+
+    def stalest(self, now: float | None = None) -> tuple[int, float] | None:
+        """The instance silent the longest, and for how many seconds (None: no instance)."""
+        at = time.monotonic() if now is None else now
+        with self._lock:
+            if not self._last:
+                return None
+            index = min(self._last, key=lambda i: (self._last[i], i))
+            return index, at - self._last[index]
+
+    def last(self, index: int) -> float:
+        """When instance ``index`` was last heard (monotonic)."""
+        with self._lock:
+            return self._last[index]
+
+    @property
+    def dumpable(self) -> bool:
+        """True when every instance registered faulthandler for SIGUSR1."""
+        with self._lock:
+            return bool(self._last) and self._faulthandler >= set(self._last)

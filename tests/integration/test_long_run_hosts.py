@@ -1,0 +1,293 @@
+"""Long runs through the CLI on real test hosts (network namespaces with sshd), Open MPI and the
+test Slurm: whole-job restarts, SIGUSR1 reaching every instance, a hang caught with its stacks,
+the time limit, and a host cut off mid-run replaced by a spare while the example resumes from
+its checkpoint. Afterwards nothing but sshd may run on any host (the cut host included, once
+it is back)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from poprun_py.providers.netns import TestCluster
+from tests.hostfixtures import MakeCluster
+from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
+from tests.slurmcluster import SlurmCluster
+
+pytestmark = pytest.mark.hosts
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+WAIT_USR1 = """
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+print("ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 30)
+while not got and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(("got usr1 " if got else "no usr1 ") + os.environ["RANK"], flush=True)
+sys.exit(0 if got or sys.argv[2:] == ["quiet"] else 5)
+"""
+
+HANG = """
+import os, time
+import poprun_py.dist
+print("start", flush=True)
+if os.environ["RANK"] == "2":
+    time.sleep(300)  # hung: no output, no heartbeat
+while True:
+    poprun_py.dist.heartbeat()
+    time.sleep(0.2)
+"""
+
+FAIL_FIRST = 'echo "attempt $POPRUN_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $RANK"; '
+
+
+def started(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> Streamed:
+    return Streamed(
+        subprocess.Popen(
+            [PY, "-m", "poprun_py", *argv],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+        )
+    )
+
+
+class Streamed:
+    """A running poprun-py whose stdout lines are read as they come."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc, self.lines = proc, queue.Queue[str]()
+        self.seen: list[str] = []
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self.err.extend(self.proc.stderr)
+
+    def wait_for(self, pattern: str, count: int, within: float = 60.0) -> float:
+        """Wait until ``count`` lines matched ``pattern``; when the last one came."""
+        deadline = time.monotonic() + within
+        while sum(bool(re.search(pattern, s)) for s in self.seen) < count:
+            try:
+                self.seen.append(self.lines.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"only {self.seen} after {within} s") from None
+        return time.monotonic()
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return self.proc.returncode, "\n".join(self.seen), "".join(self.err)
+
+
+def launch_args(spec: Path, backend: str, n: int, *more: str) -> list[str]:
+    return ["launch", "-c", str(spec), "-b", backend, "-r", str(n), "-n", str(n), *more]
+
+
+# ---------------------------------------------------------------- restarts
+
+
+@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
+def test_a_failed_attempt_restarts_the_whole_job_on_every_host(
+    test_cluster_4: TestCluster, tmp_path: Path, backend: str
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    script = FAIL_FIRST + '[ "$POPRUN_RESTART_COUNT" = 0 ] && [ "$RANK" = 2 ] && exit 7; exit 0'
+    args = launch_args(spec, backend, 4, "--max-restarts", "2", "--", "sh", "-c", script)
+    proc = poprun(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(4):
+        assert f"attempt 1 1 {rank}" in proc.stdout
+    assert "attempt 0: instance 2 on" in proc.stderr and "attempt 1: ok" in proc.stderr
+    assert "attempt 2 2" not in proc.stdout
+    only_sshd(test_cluster_4)
+
+
+def test_restarts_running_out_give_the_failing_instances_code(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    script = '[ "$RANK" = 1 ] && exit 9; exec sleep 60'
+    proc = poprun(*launch_args(spec, "ssh", 4, "--max-restarts", "1", "--", "sh", "-c", script),
+                  cwd=tmp_path)
+    assert proc.returncode == 9, proc.stderr
+    assert "attempt 0: instance 1" in proc.stderr and "attempt 1: instance 1" in proc.stderr
+    only_sshd(test_cluster_4)
+
+
+def test_timeout_stops_every_host_with_124(test_cluster_4: TestCluster, tmp_path: Path) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    t0 = time.monotonic()
+    proc = poprun(*launch_args(spec, "ssh", 4, "--timeout", "2s", "--", "sleep", "60"),
+                  cwd=tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert "timed out after 2 s" in proc.stderr
+    assert time.monotonic() - t0 < 15
+    only_sshd(test_cluster_4)
+
+
+# ---------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
+def test_usr1_reaches_every_instance_on_every_host_and_the_job_goes_on(
+    test_cluster_4: TestCluster, tmp_path: Path, backend: str
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    program = tmp_path / "wait_usr1.py"
+    program.write_text(WAIT_USR1)
+    run = started(launch_args(spec, backend, 4, "--", PY, str(program)), tmp_path)
+    run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR1)
+    code, out, err = run.finish()
+    assert code == 0, err
+    for rank in range(4):
+        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
+    only_sshd(test_cluster_4)
+
+
+def test_usr1_is_not_forwarded_through_mpiexec_and_its_job_goes_on(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    program = tmp_path / "wait_usr1.py"
+    program.write_text(WAIT_USR1)
+    run = started(launch_args(spec, "mpiexec", 4, "--", PY, str(program), "3", "quiet"), tmp_path)
+    run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR1)
+    code, out, err = run.finish()
+    assert "cannot pass signal 10 on to its instances: not forwarded" in err
+    assert code == 0 and len(re.findall(r"\] no usr1 \d$", out, re.M)) == 4, err
+    only_sshd(test_cluster_4)
+
+
+# ---------------------------------------------------------------- hangs
+
+
+def test_a_hang_is_caught_with_every_stack_in_the_logs(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)  # grace period 2 s
+    program = tmp_path / "hang.py"
+    program.write_text(HANG)
+    logs = tmp_path / "logs"
+    hang, grace = 3.0, 2.0
+    args = launch_args(spec, "ssh", 4, "--hang-timeout", "3", "-o", str(logs), "--", PY,
+                       str(program))
+    run = started(args, tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    silent_since = run.wait_for(r":2\] start$", 1)
+    code, _, err = run.finish()
+    ended = time.monotonic()
+    assert code == 124, err
+    assert ended - silent_since <= hang + grace + 2.0
+    hung = test_cluster_4.hosts[2].name
+    assert f"instance 2 on {hung} hung (no progress for 3 s)" in err
+    for i in range(4):
+        log = (logs / f"instance-{i}.log").read_text()
+        assert "most recent call first" in log, (i, log)
+        assert "poprun-py:" not in log  # the heartbeat markers are swallowed
+    assert 'File "' + str(program) + '", line 6' in (logs / "instance-2.log").read_text()
+    assert "most recent call first" in err  # and on the terminal (stderr)
+    only_sshd(test_cluster_4)
+
+
+# ---------------------------------------------------------------- a host cut off, a spare
+
+
+def cut(cluster: TestCluster, index: int, up: bool) -> None:
+    host = cluster.hosts[index]
+    state = "up" if up else "down"
+    subprocess.run(["ip", "netns", "exec", host.netns, "ip", "link", "set", "eth0", state],
+                   check=True)
+
+
+def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
+    make_test_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    cluster = make_test_cluster(4, "lr")  # hosts 0-2 planned, host 3 the spare
+    spec = spec_for(cluster, tmp_path)
+    data, ck, logs = tmp_path / "data", tmp_path / "ck", tmp_path / "logs"
+    subprocess.run([PY, str(ROOT / "examples/make_data.py"), "--out", str(data)], check=True,
+                   capture_output=True)
+    train = [PY, str(ROOT / "examples/train.py"), "--steps", "30", "--log-every", "1",
+             "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--step-seconds", "0.15",
+             "--timeout", "8"]
+    inputs = ["--input", f"{data}/*.npz"]
+    spare = cluster.hosts[3].name
+    args = ["launch", "-c", str(spec), "-b", "ssh", "--spare-hosts", "1", "-r", "3", "-n", "3",
+            "--max-restarts", "1", "-o", str(logs), *inputs, "--", *train]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = started(args, tmp_path, env=env)
+    try:
+        run.wait_for(r":1\] step 8 loss", 1)
+        cut(cluster, 1, up=False)
+        code, out, err = run.finish(timeout=90)
+    finally:
+        cut(cluster, 1, up=True)
+    assert code == 0, err
+    assert f"spare host {spare} takes the place of lost host {cluster.hosts[1].name}" in err
+    assert re.search(rf"\[{spare}:1\] resumed from step (\d+)", out), out
+    resumed = int(re.search(r"resumed from step (\d+)", out).group(1))  # type: ignore[union-attr]
+    assert resumed >= 6
+    finals = set(re.findall(r"final loss .* weights (\w+)", out))
+    reference = subprocess.run(
+        [PY, "-m", "poprun_py", "launch", "--hosts", "localhost", "-r", "3", "-n", "3",
+         *inputs, "--", *train[:4]],
+        capture_output=True, text=True, check=True, env=env, cwd=tmp_path,
+    )
+    assert finals == set(re.findall(r"final loss .* weights (\w+)", reference.stdout))
+    assert len(finals) == 1
+    assert (logs / "plan-restart-1.json").exists()
+    only_sshd(cluster, settle=8.0)
+
+
+# ---------------------------------------------------------------- slurm
+
+
+def test_slurm_restarts_in_a_new_step_and_forwards_usr1(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    program = tmp_path / "wait_usr1.py"
+    program.write_text(WAIT_USR1)
+    nodes = ",".join(slurm_cluster.node_names[:2])
+    script = FAIL_FIRST + f'[ "$POPRUN_RESTART_COUNT" = 0 ] && exit 4; exec {PY} {program}'
+    args = ["launch", "--backend", "slurm", "--hosts", nodes, "-r", "4", "-n", "4", "--time",
+            "5", "--max-restarts", "1", "--", "sh", "-c", script]
+    run = started(args, tmp_path, env=slurm_env)
+    run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR1)
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert "attempt 0: instance" in err and "attempt 1: ok" in err
+    for rank in range(4):
+        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
+        assert f"attempt 1 1 {rank}" in out

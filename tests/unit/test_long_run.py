@@ -1,0 +1,260 @@
+"""Long runs against the shipped fakes: whole-job restarts, their counts and causes, spares in
+the place of lost hosts, the clocks (--timeout, --hang-timeout with stack dumps), forwarded
+signals, and the bad input that starts nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from poprun_py.backends.result import RunSettings
+from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_TIMEOUT, UsageError
+from poprun_py.launch.launcher import launch
+from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
+from poprun_py.testing.fakes import FakeBackend, Script
+
+
+def prepared(hosts: str = "h1,h2,h3,h4", **long_run: object) -> Prepared:
+    opts = LaunchOptions(hosts=hosts, program=("train.py",), grace_period=0.3, **long_run)  # type: ignore[arg-type]
+    return prepare(opts, environ={})
+
+
+def signal_later(signum: int, after: float) -> None:
+    def send() -> None:
+        time.sleep(after)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def counts(fake: FakeBackend, key: str = "POPRUN_RESTART_COUNT") -> list[list[str]]:
+    return [[c.env[key] for c in job.instances] for job in fake.started_jobs]
+
+
+def test_a_failed_attempt_restarts_the_whole_job_over_the_same_session() -> None:
+    fake = FakeBackend(attempts=[{2: Script(exit_code=3, after=0.05), 0: Script(hang=True)}, {}])
+    result = launch(prepared(max_restarts=2), RunSettings(), backend=fake)
+    assert result.ok and result.exit_code == 0
+    assert [a.exit_code for a in result.attempts] == [3]
+    assert result.attempts[0].root_cause is not None and result.attempts[0].root_cause.index == 2
+    assert counts(fake) == [["0"] * 4, ["1"] * 4]
+    assert counts(fake, "TORCHELASTIC_RESTART_COUNT") == [["0"] * 4, ["1"] * 4]
+    assert fake.calls.count("open") == 1 and fake.calls.count("preflight") == 1
+    assert fake.calls[-1] == "close"
+
+
+def test_restarts_running_out_give_the_last_attempts_code() -> None:
+    fake = FakeBackend(attempts=[{1: Script(exit_code=3)}, {1: Script(exit_code=5)}])
+    result = launch(prepared(max_restarts=2), RunSettings(), backend=fake)
+    assert [a.exit_code for a in result.attempts] == [3, 5]
+    assert result.exit_code == 5 and len(fake.started_jobs) == 3
+
+
+def test_no_restart_without_max_restarts() -> None:
+    fake = FakeBackend({1: Script(exit_code=3)})
+    result = launch(prepared(), RunSettings(), backend=fake)
+    assert result.exit_code == 3 and result.attempts == () and len(fake.started_jobs) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_never_restarts(signum: int) -> None:
+    fake = FakeBackend({i: Script(hang=True) for i in range(4)})
+    signal_later(signum, 0.2)
+    result = launch(prepared(max_restarts=3), RunSettings(), backend=fake)
+    assert result.interrupted and result.exit_code == EXIT_INTERRUPTED
+    assert len(fake.started_jobs) == 1
+
+
+def test_an_interrupt_during_the_restart_delay_ends_the_job() -> None:
+    fake = FakeBackend({1: Script(exit_code=3)})
+    signal_later(signal.SIGINT, 0.3)
+    started = time.monotonic()
+    result = launch(prepared(max_restarts=3, restart_delay=30.0), RunSettings(), backend=fake)
+    assert time.monotonic() - started < 5
+    assert result.interrupted and len(fake.started_jobs) == 1
+
+
+def test_the_restart_delay_is_waited() -> None:
+    fake = FakeBackend(attempts=[{1: Script(exit_code=3)}, {}])
+    started = time.monotonic()
+    result = launch(prepared(max_restarts=1, restart_delay=0.5), RunSettings(), backend=fake)
+    assert result.ok and time.monotonic() - started >= 0.5
+
+
+def test_timeout_stops_the_job_with_its_own_cause_and_124() -> None:
+    fake = FakeBackend({i: Script(hang=True) for i in range(4)})
+    started = time.monotonic()
+    result = launch(prepared(timeout="1s"), RunSettings(), backend=fake)
+    took = time.monotonic() - started
+    assert result.cause is not None and result.cause.reason == "timed out after 1 s"
+    assert result.exit_code == EXIT_TIMEOUT and not result.ok
+    assert all(r.state == "stopped" for r in result.instances)
+    assert 1.0 <= took < 2.5
+
+
+def test_a_timed_out_attempt_is_restarted() -> None:
+    fake = FakeBackend(attempts=[{0: Script(hang=True)}, {}])
+    result = launch(prepared(timeout="0.5", max_restarts=1), RunSettings(), backend=fake)
+    assert result.ok and result.attempts[0].exit_code == EXIT_TIMEOUT
+
+
+def test_a_hang_dumps_every_stack_then_stops_with_the_hung_instance_named() -> None:
+    lines: list[tuple[int, str, str]] = []
+    scripts = {i: Script(hang=True, faulthandler=True) for i in range(4)}
+    fake = FakeBackend(scripts)
+    settings = RunSettings(sink=lambda i, s, line: lines.append((i, s, line)))
+    started = time.monotonic()
+    result = launch(prepared(hang_timeout=0.5), settings, backend=fake)
+    assert time.monotonic() - started < 0.5 + 0.3 + 2
+    assert result.cause is not None and result.exit_code == EXIT_TIMEOUT
+    assert result.cause.reason == "instance 0 on h1 hung (no progress for 0.5 s)"
+    assert fake.signals == [(0, signal.SIGUSR1)]
+    stacks = {i for i, stream, line in lines if "most recent call first" in line}
+    assert stacks == {0, 1, 2, 3}
+    assert not any("poprun-py:" in line for _, _, line in lines)  # markers swallowed
+
+
+def test_no_stack_signal_when_not_every_instance_registered_faulthandler() -> None:
+    scripts = {i: Script(hang=True, faulthandler=i != 2) for i in range(4)}
+    fake = FakeBackend(scripts)
+    result = launch(prepared(hang_timeout=0.3), RunSettings(), backend=fake)
+    assert result.exit_code == EXIT_TIMEOUT and fake.signals == []
+
+
+def test_output_is_progress() -> None:
+    fake = FakeBackend({i: Script(after=0.6, output=("step 1",)) for i in range(4)})
+    result = launch(prepared(hang_timeout=5), RunSettings(sink=lambda *a: None), backend=fake)
+    assert result.ok
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
+def test_usr1_and_usr2_are_forwarded_and_the_job_goes_on(signum: int) -> None:
+    fake = FakeBackend({i: Script(after=0.6) for i in range(4)})
+    signal_later(signum, 0.2)
+    result = launch(prepared(), RunSettings(), backend=fake)
+    assert result.ok and fake.signals == [(0, signum)]
+
+
+def test_a_lost_host_is_replaced_by_a_spare_with_the_same_layout(tmp_path: Path) -> None:
+    fake = FakeBackend(attempts=[{1: Script(lost=True, after=0.05), 0: Script(hang=True)}, {}])
+    prep = prepared(hosts="h1,h2,h3", max_restarts=1, spare_hosts="s1,s2", replicas=6)
+    result = launch(prep, RunSettings(output_dir=str(tmp_path)), backend=fake)
+    assert result.ok and result.attempts[0].exit_code == EXIT_LOST
+    assert result.replaced == (("h2", "s1"),)
+    assert fake.opened == [("h1", "h2", "h3"), ("s1", "s2"), ("h1", "s1", "h3")]
+    first, second = fake.started_jobs
+    assert [c.host for c in second.instances] == ["h1", "s1", "h3"]
+    replicas = "POPDIST_NUM_LOCAL_REPLICAS"
+    assert [c.env[replicas] for c in first.instances] == [c.env[replicas] for c in second.instances]
+    assert fake.calls.count("close") == 3  # hosts, spares (preflighted, held back), restart
+    record = json.loads((tmp_path / "plan-restart-1.json").read_text())
+    assert record["replaced"] == {"h2": "s1"} and record["plan"]["hosts"][1]["name"] == "s1"
+
+
+def test_a_lost_host_that_answers_again_is_reused_without_a_spare() -> None:
+    fake = FakeBackend(attempts=[{1: Script(lost=True)}, {}])
+    result = launch(prepared(hosts="h1,h2", max_restarts=1), RunSettings(), backend=fake)
+    assert result.ok and fake.opened == [("h1", "h2"), ("h1", "h2")]
+
+
+def test_a_lost_host_that_stays_away_without_a_spare_fails_the_restart_in_one_line() -> None:
+    fake = FakeBackend(attempts=[{1: Script(lost=True)}, {}], down=("h2",))
+    result = launch(prepared(hosts="h1,h2", max_restarts=2), RunSettings(), backend=fake)
+    assert result.exit_code == EXIT_LOST and len(fake.started_jobs) == 1
+    assert result.restart_failed.startswith("cannot restart: host h2 was lost")
+    assert "\n" not in result.restart_failed
+
+
+def test_a_spare_also_takes_the_place_of_a_host_that_fails_preflight_again() -> None:
+    fake = FakeBackend(attempts=[{1: Script(lost=True), 2: Script(lost=True)}, {}], down=("h3",))
+    prep = prepared(hosts="h1,h2,h3", max_restarts=1, spare_hosts="s1,s2")
+    result = launch(prep, RunSettings(), backend=fake)
+    assert result.ok and result.replaced == (("h2", "s1"), ("h3", "s2"))
+
+
+def test_spares_and_max_restarts_come_from_the_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "c.yaml"
+    spec.write_text(
+        "name: c\nhosts:\n  - name: h[1-2]\nspares:\n  - name: s1\n    address: 198.18.0.9\n"
+        "defaults:\n  max_restarts: 2\n  timeout: 2h\n  hang_timeout: 60\n"
+    )
+    prep = prepare(LaunchOptions(cluster=str(spec), program=("t",)), environ={})
+    long_run = prep.long_run
+    assert (long_run.max_restarts, long_run.timeout, long_run.hang_timeout) == (2, 7200.0, 60.0)
+    assert [(s.name, s.address) for s in long_run.spares] == [("s1", "198.18.0.9")]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_restarts": -1}, "--max-restarts must be 0 or more"),
+        ({"timeout": "soon"}, "--timeout: 'soon' is not a duration"),
+        ({"hang_timeout": 0.0}, "--hang-timeout must be more than 0"),
+        ({"spare_hosts": "h2"}, "spare host h2 is also a planned host"),
+        ({"spare_hosts": "4"}, "--spare-hosts 4: more spares than"),
+        ({"restart_delay": -1.0}, "--restart-delay must be 0 or more"),
+    ],
+)
+def test_bad_long_run_input_is_one_line_exit_2(options: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        prepared(**options)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert err.value.exit_code == 2
+
+
+def test_spare_hosts_n_holds_back_the_last_n_hosts() -> None:
+    prep = prepared(hosts="h1,h2,h3,h4", spare_hosts="1")
+    assert [h.name for h in prep.plan.hosts] == ["h1", "h2", "h3"]
+    assert [s.name for s in prep.long_run.spares] == ["h4"]
+
+
+def test_the_instance_side_markers_are_the_ones_poprun_py_swallows() -> None:
+    from poprun_py import dist
+    from poprun_py.process import progress
+
+    assert dist.HEARTBEAT_LINE.rstrip(b"\n") == progress.HEARTBEAT
+    assert dist.FAULTHANDLER_LINE.rstrip(b"\n") == progress.FAULTHANDLER
+    assert dist.RESTART_COUNT == "POPRUN_RESTART_COUNT"
+
+
+def test_output_swallows_markers_and_counts_every_line_as_progress(tmp_path: Path) -> None:
+    from poprun_py.backends.result import RunOptions
+    from poprun_py.process.output import Output
+    from poprun_py.process.progress import HEARTBEAT, Progress
+
+    shown: list[str] = []
+    progress = Progress([0], now=0.0)
+    opts = RunOptions(output_dir=tmp_path, sink=lambda i, s, line: shown.append(line),
+                      progress=progress)
+    out = Output(opts, {0: "h1"})
+    out.emit(0, "stderr", HEARTBEAT)
+    out.emit(0, "stdout", b"step 1")
+    out.close()
+    assert shown == ["step 1"] and progress.last(0) > 0.0
+    assert (tmp_path / "instance-0.log").read_text() == "step 1\n"
+    again = Output(RunOptions(output_dir=tmp_path, sink=lambda *a: None, attempt=1), {0: "h1"})
+    again.emit(0, "stdout", b"step 2")
+    again.close()
+    assert (tmp_path / "instance-0.log").read_text() == "step 1\nstep 2\n"
+
+
+def test_spares_are_preflighted_and_one_that_fails_is_not_used() -> None:
+    from poprun_py.errors import Fault
+
+    class SpareDown(FakeBackend):
+        def open(self, prep: Prepared, settings: RunSettings):  # type: ignore[no-untyped-def]
+            session = super().open(prep, settings)
+            self.faults = [Fault("s1", "connect", "no answer")] if len(self.opened) == 2 else []
+            return session
+
+    fake = SpareDown(attempts=[{1: Script(lost=True)}, {}])
+    prep = prepared(hosts="h1,h2", max_restarts=1, spare_hosts="s1,s2")
+    result = launch(prep, RunSettings(), backend=fake)
+    assert result.ok and result.replaced == (("h2", "s2"),)
+    assert fake.opened == [("h1", "h2"), ("s1", "s2"), ("h1", "s2")]
