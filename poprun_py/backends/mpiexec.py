@@ -27,8 +27,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
+import signal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -52,7 +54,7 @@ from poprun_py.backends.session import (
 )
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
-from poprun_py.process.supervise import Child, Feed
+from poprun_py.process.supervise import Child, Feed, Supervision
 
 if TYPE_CHECKING:
     from poprun_py.agent.client import AgentPool
@@ -205,9 +207,18 @@ class MpiexecBackend(Defaults):
                 run,
                 stack.pop_all(),
                 lambda done: rank_results(done, hosts, report, relay.lost),
-                not_forwarded("mpiexec (hydra 4.0: its proxies abort on SIGUSR1)"),
+                functools.partial(usr1_only, run),
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
+
+
+def usr1_only(run: Supervision, signum: int) -> None:
+    """Hydra passes SIGUSR1 on to every rank (each rank's wrapper survives it, see
+    ``mpiexec.j2``) but dies of SIGUSR2: that one is dropped with a warning."""
+    if signum == signal.SIGUSR1:
+        run.signal(signum)
+    else:
+        not_forwarded("mpiexec (hydra passes on SIGUSR1 only)")(signum)
 
 
 def check_hydra(name: str, path: str | None = None) -> None:
