@@ -58,7 +58,11 @@ def one_run(spec: Path, hosts: int) -> tuple[float, float]:
             seen["failing"] = now
 
     opts = LaunchOptions(
-        cluster=str(spec), backend="ssh", numa_aware=False, max_restarts=1, grace_period=2,
+        cluster=str(spec),
+        backend="ssh",
+        numa_aware=False,
+        max_restarts=1,
+        grace_period=2,
         program=("sh", "-c", SCRIPT),
     )
     start = time.monotonic()

@@ -422,5 +422,3 @@ class AgentLink:
             return f"host {self.host} stopped answering ({silence:.1f} s without a heartbeat)"
         assert self.agent is not None
         return self.agent.why_ended()
-
-

@@ -25,9 +25,11 @@ def parse_duration(text: str, flag: str = "duration") -> float:
     """Seconds in ``text``; UsageError unless it is one or more NUMBER[s|m|h|d] parts, above 0."""
     value = text.strip().lower()
     parts = _PART.findall(value)
-    if not value or "".join(n + u for n, u in parts) != value or (len(parts) > 1 and not all(
-        u for _, u in parts
-    )):
+    if (
+        not value
+        or "".join(n + u for n, u in parts) != value
+        or (len(parts) > 1 and not all(u for _, u in parts))
+    ):
         raise UsageError(f"{flag}: {text!r} is not a duration (e.g. 90s, 45m, 2h)")
     seconds = sum(float(n) * _UNIT[u] for n, u in parts)
     if seconds <= 0:

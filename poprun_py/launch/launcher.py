@@ -50,6 +50,7 @@ __all__ = [
     "sync_root",
 ]
 
+
 def _user() -> str:
     import getpass
 
@@ -148,7 +149,13 @@ def launch(
                 return [sync_root(p.plan)]
 
             attempts = Attempts(
-                backend, settings, control, sessions, render_attempt, options, job_dir,
+                backend,
+                settings,
+                control,
+                sessions,
+                render_attempt,
+                options,
+                job_dir,
                 sync_paths if settings.sync else None,
             )
             return attempts.run(prep)

@@ -147,8 +147,6 @@ class Prepared:
     inputs: InputSet | None = None
 
 
-
-
 def prepare(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -> Prepared:
     """Resolve options against the spec and the environment, and plan the job.
 

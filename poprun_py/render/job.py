@@ -459,8 +459,11 @@ def _host_contexts(plan: LaunchPlan) -> tuple[HostContext, ...]:
 
 
 def _instance_contexts(
-    plan: LaunchPlan, hosts: Sequence[HostContext], job_dir: str,
-    available: Mapping[str, Topology | None], restart_count: int,
+    plan: LaunchPlan,
+    hosts: Sequence[HostContext],
+    job_dir: str,
+    available: Mapping[str, Topology | None],
+    restart_count: int,
 ) -> tuple[list[InstanceContext], list[dict[str, str]]]:
     secrets = instance_env.secret_names(plan.env)
     bind = Binder(plan, available)

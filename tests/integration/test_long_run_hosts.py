@@ -137,8 +137,9 @@ def test_restarts_running_out_give_the_failing_instances_code(
 ) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
     script = '[ "$RANK" = 1 ] && exit 9; exec sleep 60'
-    proc = poprun(*launch_args(spec, "ssh", 4, "--max-restarts", "1", "--", "sh", "-c", script),
-                  cwd=tmp_path)
+    proc = poprun(
+        *launch_args(spec, "ssh", 4, "--max-restarts", "1", "--", "sh", "-c", script), cwd=tmp_path
+    )
     assert proc.returncode == 9, proc.stderr
     assert "attempt 0: instance 1" in proc.stderr and "attempt 1: instance 1" in proc.stderr
     only_sshd(test_cluster_4)
@@ -147,8 +148,9 @@ def test_restarts_running_out_give_the_failing_instances_code(
 def test_timeout_stops_every_host_with_124(test_cluster_4: TestCluster, tmp_path: Path) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
     t0 = time.monotonic()
-    proc = poprun(*launch_args(spec, "ssh", 4, "--timeout", "2s", "--", "sleep", "60"),
-                  cwd=tmp_path)
+    proc = poprun(
+        *launch_args(spec, "ssh", 4, "--timeout", "2s", "--", "sleep", "60"), cwd=tmp_path
+    )
     assert proc.returncode == 124, proc.stderr
     assert "timed out after 2 s" in proc.stderr
     assert time.monotonic() - t0 < 15
@@ -204,8 +206,9 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
     program.write_text(HANG)
     logs = tmp_path / "logs"
     hang, grace = 3.0, 2.0
-    args = launch_args(spec, "ssh", 4, "--hang-timeout", "3", "-o", str(logs), "--", PY,
-                       str(program))
+    args = launch_args(
+        spec, "ssh", 4, "--hang-timeout", "3", "-o", str(logs), "--", PY, str(program)
+    )
     run = started(args, tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     silent_since = run.wait_for(r":2\] start$", 1)
     code, _, err = run.finish()
@@ -229,8 +232,9 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
 def cut(cluster: TestCluster, index: int, up: bool) -> None:
     host = cluster.hosts[index]
     state = "up" if up else "down"
-    subprocess.run(["ip", "netns", "exec", host.netns, "ip", "link", "set", "eth0", state],
-                   check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", host.netns, "ip", "link", "set", "eth0", state], check=True
+    )
 
 
 def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
@@ -239,15 +243,49 @@ def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
     cluster = make_test_cluster(4, "lr")  # hosts 0-2 planned, host 3 the spare
     spec = spec_for(cluster, tmp_path)
     data, ck, logs = tmp_path / "data", tmp_path / "ck", tmp_path / "logs"
-    subprocess.run([PY, str(ROOT / "examples/make_data.py"), "--out", str(data)], check=True,
-                   capture_output=True)
-    train = [PY, str(ROOT / "examples/train.py"), "--steps", "30", "--log-every", "1",
-             "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--step-seconds", "0.15",
-             "--timeout", "8"]
+    subprocess.run(
+        [PY, str(ROOT / "examples/make_data.py"), "--out", str(data)],
+        check=True,
+        capture_output=True,
+    )
+    train = [
+        PY,
+        str(ROOT / "examples/train.py"),
+        "--steps",
+        "30",
+        "--log-every",
+        "1",
+        "--checkpoint-dir",
+        str(ck),
+        "--checkpoint-every",
+        "2",
+        "--step-seconds",
+        "0.15",
+        "--timeout",
+        "8",
+    ]
     inputs = ["--input", f"{data}/*.npz"]
     spare = cluster.hosts[3].name
-    args = ["launch", "-c", str(spec), "-b", "ssh", "--spare-hosts", "1", "-r", "3", "-n", "3",
-            "--max-restarts", "1", "-o", str(logs), *inputs, "--", *train]
+    args = [
+        "launch",
+        "-c",
+        str(spec),
+        "-b",
+        "ssh",
+        "--spare-hosts",
+        "1",
+        "-r",
+        "3",
+        "-n",
+        "3",
+        "--max-restarts",
+        "1",
+        "-o",
+        str(logs),
+        *inputs,
+        "--",
+        *train,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = started(args, tmp_path, env=env)
     try:
@@ -263,9 +301,26 @@ def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
     assert resumed >= 6
     finals = set(re.findall(r"final loss .* weights (\w+)", out))
     reference = subprocess.run(
-        [PY, "-m", "poprun_py", "launch", "--hosts", "localhost", "-r", "3", "-n", "3",
-         *inputs, "--", *train[:4]],
-        capture_output=True, text=True, check=True, env=env, cwd=tmp_path,
+        [
+            PY,
+            "-m",
+            "poprun_py",
+            "launch",
+            "--hosts",
+            "localhost",
+            "-r",
+            "3",
+            "-n",
+            "3",
+            *inputs,
+            "--",
+            *train[:4],
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert finals == set(re.findall(r"final loss .* weights (\w+)", reference.stdout))
     assert len(finals) == 1
@@ -283,8 +338,25 @@ def test_slurm_restarts_in_a_new_step_and_forwards_usr1(
     program.write_text(WAIT_USR1)
     nodes = ",".join(slurm_cluster.node_names[:2])
     script = FAIL_FIRST + f'[ "$POPRUN_RESTART_COUNT" = 0 ] && exit 4; exec {PY} {program}'
-    args = ["launch", "--backend", "slurm", "--hosts", nodes, "-r", "4", "-n", "4", "--time",
-            "5", "--max-restarts", "1", "--", "sh", "-c", script]
+    args = [
+        "launch",
+        "--backend",
+        "slurm",
+        "--hosts",
+        nodes,
+        "-r",
+        "4",
+        "-n",
+        "4",
+        "--time",
+        "5",
+        "--max-restarts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
     run = started(args, tmp_path, env=slurm_env)
     run.wait_for(r"\] ready$", 4)
     run.proc.send_signal(signal.SIGUSR1)

@@ -230,8 +230,9 @@ def test_output_swallows_markers_and_counts_every_line_as_progress(tmp_path: Pat
 
     shown: list[str] = []
     progress = Progress([0], now=0.0)
-    opts = RunOptions(output_dir=tmp_path, sink=lambda i, s, line: shown.append(line),
-                      progress=progress)
+    opts = RunOptions(
+        output_dir=tmp_path, sink=lambda i, s, line: shown.append(line), progress=progress
+    )
     out = Output(opts, {0: "h1"})
     out.emit(0, "stderr", HEARTBEAT)
     out.emit(0, "stdout", b"step 1")
