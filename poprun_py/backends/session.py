@@ -213,7 +213,7 @@ class RemoteSession:
     def _warm_up_renderer(self) -> None:
         """Import Jinja2 and load the templates on a thread of their own: preflight spends
         seconds waiting for the hosts' login shells, and rendering follows it."""
-        from poprun_py.render.job import warm_up
+        from poprun_py.render.environment import warm_up
 
         args = (self.backend, self.templates)
         threading.Thread(target=warm_up, args=args, daemon=True, name="poprun-warm-up").start()

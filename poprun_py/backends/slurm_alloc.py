@@ -331,11 +331,11 @@ def batch_script(
     job, poprun-py takes its hosts from the allocation and runs the step with srun. ``plan``, if
     given, is summarised in comments. ``templates_dir`` overrides the packaged ``sbatch.j2``.
     """
-    from poprun_py.render import job as render
+    from poprun_py.render.environment import render_template
 
     if not launch_argv:
         raise UsageError("a batch script needs the command to run inside the allocation")
     directives = request_options(req) + ([f"--output={req.output}"] if req.output else [])
     context = {"request": req, "directives": directives, "launch_argv": tuple(launch_argv)}
     context["plan"] = plan
-    return render.render_template(SBATCH_TEMPLATE, context, templates_dir)
+    return render_template(SBATCH_TEMPLATE, context, templates_dir)

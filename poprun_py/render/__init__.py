@@ -3,7 +3,7 @@ render each backend's argv lists and per-instance environments.
 
 Example:
 
-    >>> from poprun_py.render.job import TEMPLATES_DIR
+    >>> from poprun_py.render.environment import TEMPLATES_DIR
     >>> sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))[:2]
     ['instance.j2', 'mpiexec.j2']
 """

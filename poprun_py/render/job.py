@@ -44,44 +44,36 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import posixpath
 import shlex
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.core import env as instance_env
-from poprun_py.core import shellwords
 from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan
-from poprun_py.core.topology import Topology, format_cpulist
-from poprun_py.errors import PoprunError, RenderError, UnknownNameError
+from poprun_py.core.topology import Topology
+from poprun_py.errors import RenderError, UnknownNameError
 from poprun_py.render.binding import Binder, Binding, binds_itself
+from poprun_py.render.environment import (
+    INSTANCE_TEMPLATE,
+    LAUNCHER_TEMPLATES,
+    environment,
+    render_each,
+    render_text,
+    split_rendered,
+)
 from poprun_py.render.filters import (
     NOT_A_WORD,
     carriable,
     carriable_value,
-    quote,
-    quoted,
-    word,
-    words,
 )
 
 if TYPE_CHECKING:
     import jinja2
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
-INSTANCE_TEMPLATE = "instance.j2"
-LAUNCHER_TEMPLATES: Mapping[str, str | None] = {
-    "local": None,
-    "ssh": None,
-    "mpirun": "mpirun.j2",
-    "mpiexec": "mpiexec.j2",
-    "slurm": "srun.j2",
-}
-"""Backend name -> the template of its whole-job launcher (None: instances run directly)."""
 
 ARGV_LIMIT = 100 * 1024
 """Command lines longer than this (bytes) move their per-instance part into a file."""
@@ -265,7 +257,7 @@ def render_job(
     """
     if backend not in LAUNCHER_TEMPLATES:
         raise UnknownNameError("backend", backend, list(LAUNCHER_TEMPLATES))
-    jenv = _environment(templates_dir)
+    jenv = environment(templates_dir)
     job_dir = _normalize_dir(job_dir)
     hosts = _host_contexts(plan)
     contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, restart_count)
@@ -292,145 +284,6 @@ def render_job(
     launch = _Launch(plan, contexts, argvs, envs, secrets)
     launcher, launcher_env, files = _render_launcher(jenv, template, base, launch, argv_limit)
     return RenderedJob(backend, plan, job_dir, commands, launcher, launcher_env, files, secrets)
-
-
-def list_templates(templates_dir: Path | None = None) -> tuple[str, ...]:
-    """The template names available (packaged ones plus those of ``templates_dir``), sorted."""
-    names = {p.name for p in TEMPLATES_DIR.glob("*.j2")}
-    if templates_dir is not None:
-        names.update(p.name for p in _check_dir(templates_dir).glob("*.j2"))
-    return tuple(sorted(names))
-
-
-def render_template(
-    name: str, context: Mapping[str, Any], templates_dir: Path | None = None
-) -> str:
-    """Render any template (e.g. ``sbatch.j2``) with ``context`` and the filters above."""
-    return _render_text(_environment(templates_dir), name, context)
-
-
-# ------------------------------------------------------------------ Jinja2 environment
-
-
-def warm_up(backend: str, templates_dir: Path | None = None) -> None:
-    """Import Jinja2 and load ``backend``'s templates now (e.g. on a thread, while the hosts are
-    checked), so that :func:`render_job` later does not wait for them. Faults are left for
-    ``render_job`` to report."""
-    import jinja2
-
-    names = (INSTANCE_TEMPLATE, LAUNCHER_TEMPLATES.get(backend))
-    with contextlib.suppress(PoprunError, OSError, jinja2.TemplateError):
-        jenv = _environment(templates_dir)
-        for name in names:
-            if name is not None:
-                jenv.get_template(name)
-
-
-def _environment(templates_dir: Path | None) -> jinja2.Environment:
-    user = str(_check_dir(templates_dir).resolve()) if templates_dir is not None else None
-    return _cached_environment(user)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_environment(user_dir: str | None) -> jinja2.Environment:
-    import jinja2
-
-    search = [user_dir, str(TEMPLATES_DIR)] if user_dir else [str(TEMPLATES_DIR)]
-    jenv = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(search),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,  # noqa: S701 - shell words, not HTML; quoting is explicit
-        keep_trailing_newline=True,
-        bytecode_cache=_bytecode_cache(),
-    )
-    jenv.filters.update(quote=quote, quoted=quoted, word=word, words=words, cpulist=format_cpulist)
-    return jenv
-
-
-def _bytecode_cache() -> Any:
-    """Compiled templates kept between runs (keyed by source checksum, so edits take effect):
-    compiling them is most of a small render's time. None when no cache dir is writable."""
-    import os
-
-    import jinja2
-
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    directory = Path(base) / "poprun-py" / "templates"
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(str(directory))
-
-
-def _check_dir(path: Path) -> Path:
-    if not path.is_dir():
-        raise RenderError(f"templates directory {str(path)!r} does not exist")
-    return path
-
-
-def _render_each(
-    jenv: jinja2.Environment, name: str, contexts: Iterable[Mapping[str, Any]]
-) -> Iterator[str]:
-    """Render template ``name`` once per context (loading it once)."""
-    with _faults(jenv, name):
-        template = jenv.get_template(name)
-        for context in contexts:
-            yield template.render(context)
-
-
-def _render_text(jenv: jinja2.Environment, name: str, context: Mapping[str, Any]) -> str:
-    """Render template ``name`` once."""
-    return "".join(_render_each(jenv, name, [context]))
-
-
-@contextlib.contextmanager
-def _faults(jenv: jinja2.Environment, name: str) -> Iterator[None]:
-    """Turn every fault of a template into a one-line RenderError naming the template."""
-    import jinja2
-
-    try:
-        yield
-    except jinja2.TemplateNotFound as exc:
-        dirs = ", ".join(getattr(jenv.loader, "searchpath", []))
-        raise RenderError(f"template {exc.name!r} not found (looked in {dirs})") from None
-    except jinja2.TemplateSyntaxError as exc:
-        where = f"{exc.filename or exc.name or name}:{exc.lineno}"
-        raise RenderError(_one_line(f"{where}: syntax error: {exc.message}")) from None
-    except jinja2.UndefinedError as exc:
-        raise RenderError(_one_line(f"{_where(exc, name)}: {exc.message}")) from None
-    except RenderError as exc:
-        raise RenderError(_one_line(f"{_where(exc, name)}: {exc}")) from None
-    except Exception as exc:  # a user template's own fault (e.g. 1/0) is still bad input
-        raise RenderError(_one_line(f"{_where(exc, name)}: {type(exc).__name__}: {exc}")) from None
-
-
-def _where(exc: BaseException, name: str) -> str:
-    """``path:line`` of the innermost template frame of ``exc`` (Jinja2 rewrites them)."""
-    where, tb = name, exc.__traceback__
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if filename.endswith(".j2"):
-            where = f"{filename}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    return where
-
-
-def _one_line(message: str) -> str:
-    return " ".join(message.split())
-
-
-def _split(text: str, name: str) -> tuple[str, ...]:
-    try:
-        argv = tuple(shellwords.split(text))
-    except ValueError as exc:
-        raise RenderError(f"{name}: output is not valid shell words: {exc}") from None
-    if not argv:
-        raise RenderError(f"{name}: rendered an empty command")
-    return argv
-
-
-# ------------------------------------------------------------------ building contexts
 
 
 def _normalize_dir(path: str) -> str:
@@ -500,10 +353,10 @@ def _render_instances(
     """Render ``instance.j2`` for every instance; equal texts are split once."""
     split: dict[str, tuple[str, ...]] = {}
     argvs = []
-    texts = _render_each(jenv, INSTANCE_TEMPLATE, ({**base, "inst": ctx} for ctx in contexts))
+    texts = render_each(jenv, INSTANCE_TEMPLATE, ({**base, "inst": ctx} for ctx in contexts))
     for text in texts:
         if text not in split:
-            split[text] = _split(text, INSTANCE_TEMPLATE)
+            split[text] = split_rendered(text, INSTANCE_TEMPLATE)
         argvs.append(split[text])
     return argvs
 
@@ -612,7 +465,7 @@ def _render_launcher(
         contexts, launcher_env = launch.contexts_for(appfile)
         files = _FileCollector()
         context = {**base, "instances": contexts, "appfile": appfile, "file": files}
-        argv = _split(_render_text(jenv, name, context), name)
+        argv = split_rendered(render_text(jenv, name, context), name)
         size = sum(len(a.encode()) + 1 for a in argv)
         if appfile or size <= argv_limit:
             break

@@ -29,16 +29,14 @@ from poprun_py.errors import RenderError, UnknownNameError
 from poprun_py.providers.netns import TestCluster
 from poprun_py.render.binding import Binding
 from poprun_py.render.display import format_job, job_dict
+from poprun_py.render.environment import LAUNCHER_TEMPLATES, list_templates, render_template
 from poprun_py.render.job import (
     ARGV_LIMIT,
     EXEC_ARGV,
     EXEC_VAR,
-    LAUNCHER_TEMPLATES,
     InstanceCommand,
     RenderedJob,
-    list_templates,
     render_job,
-    render_template,
 )
 
 JOB_DIR = "/tmp/poprun-job"
