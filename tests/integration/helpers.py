@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -234,6 +235,15 @@ def strays(cluster: TestCluster) -> dict[str, list[int]]:
     """Per host: live processes in its namespace other than its sshd (hosts with none left out)."""
     found = {host.name: stray_pids(host) for host in cluster.hosts}
     return {name: pids for name, pids in found.items() if pids}
+
+
+def settled(cluster: TestCluster, seconds: float = 5.0) -> dict[str, list[int]]:
+    """What is still running besides sshd on any host, once ``seconds`` have passed or nothing
+    is (a closed session's sshd child and agent take a moment to exit)."""
+    deadline = time.monotonic() + seconds
+    while (left := strays(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 BINDING_PROBE = (

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,9 @@ import pytest
 from poprun_py.agent.host import MIN_PYTHON
 from poprun_py.providers.netns import TestCluster, TestHost
 from tests.hostfixtures import MakeCluster
-from tests.integration.helpers import strays
+from tests.integration.helpers import settled
 
 pytestmark = pytest.mark.hosts
-
-
-def settled(cluster: TestCluster, seconds: float = 5.0) -> dict[str, list[int]]:
-    """What is still running besides sshd on any host, once ``seconds`` have passed or nothing
-    is (a closed session's sshd child and agent take a moment to exit)."""
-    deadline = time.monotonic() + seconds
-    while (left := strays(cluster)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 PYENV = Path("/root/.pyenv/versions")

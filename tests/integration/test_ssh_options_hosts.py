@@ -8,24 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from poprun_py.providers.netns import TestCluster
-from tests.integration.helpers import strays
+from tests.integration.helpers import settled
 
 pytestmark = pytest.mark.hosts
-
-
-def settled(cluster: TestCluster, seconds: float = 5.0) -> dict[str, list[int]]:
-    """What is still running besides sshd on any host, once ``seconds`` have passed or nothing
-    is (a closed session's sshd child and agent take a moment to exit)."""
-    deadline = time.monotonic() + seconds
-    while (left := strays(cluster)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
