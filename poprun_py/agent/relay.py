@@ -120,6 +120,7 @@ class RshRelay(Relay):
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.closing = threading.Event()
+        self.stopped = False  # stop_daemons() was called: no daemon may start any more
         self.give_up_at = float("inf")  # once closing: when sessions stop waiting for agents
         self.directory = tempfile.mkdtemp(prefix="poprun-rsh-")  # mode 0700
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -153,8 +154,10 @@ class RshRelay(Relay):
 
     def stop_daemons(self) -> None:
         """Tell every agent running a daemon to stop it (hydra does not stop the other hosts'
-        proxies when a rank fails: see :mod:`poprun_py.backends.mpiexec`)."""
+        proxies when a rank fails: see :mod:`poprun_py.backends.mpiexec`); a daemon asked for
+        from now on is refused, and one whose start was under way is stopped once started."""
         with self.lock:
+            self.stopped = True
             sessions = list(self.sessions)
         for session in sessions:
             session.stop()
@@ -193,7 +196,7 @@ class RshRelay(Relay):
         host = self.names.get(name) or self.names.get(name.rpartition("@")[2])
         if host is None:
             raise LookupError(f"host {name} is not one of this launch's hosts")
-        if self.closing.is_set():
+        if self.closing.is_set() or self.stopped:
             raise LookupError("the launch is over")
         with self.lock:
             if host in self.claimed:
@@ -237,6 +240,8 @@ class _Session:
                 self.lose(link, agent.why_ended())
                 return
             self.link = link
+            if self.relay.stopped:  # stop_daemons() ran while this daemon was starting
+                link.send(P.TERM_LINE)
             self.pump(link)
 
     def request(self) -> tuple[str, str]:

@@ -109,14 +109,18 @@ class HydraReport(FailureReport):
 
 class HydraDemux(TagDemux):
     """Per-rank lines from hydra's ``[RANK]<poprun>:`` tags; a rank's failure report stops the
-    launch (every host's proxy and ranks, through the relay)."""
+    launch: every host's proxy and ranks through the relay, and hydra itself through the
+    supervision (SIGTERM, SIGKILL after the grace period): hydra waits forever for a proxy that
+    was stopped before it connected back."""
 
     TAG = re.compile(rb"\[(\d+)\]<poprun>:")
     PARTIAL_TAG = re.compile(rb"\[\d*(?:\](?:<[a-z]*>?)?)?\Z")
 
-    def __init__(self, output: Output, stream: str, report: HydraReport, relay: Relay):
+    def __init__(
+        self, output: Output, stream: str, report: HydraReport, relay: Relay, control: Control
+    ):
         super().__init__(output, stream, report)
-        self._hydra_report, self._relay = report, relay
+        self._hydra_report, self._relay, self._control = report, relay, control
 
     def _emit(self, owner: tuple[int, str], text: bytes) -> None:
         rank, stream = owner
@@ -125,6 +129,7 @@ class HydraDemux(TagDemux):
             if self._hydra_report.rank_line(rank, text.decode("utf-8", "replace")):
                 if first:
                     self._relay.stop_daemons()
+                    self._control.stop(f"instance {rank} failed")
                 return  # poprun-py reports it as the root cause
         super()._emit(owner, text)
 
@@ -198,7 +203,7 @@ class MpiexecBackend(Defaults):
             relay = stack.enter_context(relayed(self.agents, job, options.grace_period))
 
             def demux(child: Child, stream: str) -> Feed:
-                return HydraDemux(output, stream, report, relay)
+                return HydraDemux(output, stream, report, relay, control)
 
             run = start_launcher(
                 job, {**env, **relay.environ}, output, options.grace_period, demux, control

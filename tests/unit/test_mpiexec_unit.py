@@ -25,6 +25,7 @@ from poprun_py.core.plan import make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.errors import EXIT_PREFLIGHT, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.signals import Control
 from poprun_py.render.job import render_job
 
 
@@ -80,12 +81,12 @@ class StopCounter(Relay):
 
 
 def demux(
-    chunks: list[bytes], stream: str = "stdout"
+    chunks: list[bytes], stream: str = "stdout", control: Control | None = None
 ) -> tuple[list[tuple[int, str, str]], HydraReport, int]:
     lines: list[tuple[int, str, str]] = []
     out = Output(RunOptions(sink=lambda i, s, line: lines.append((i, s, line))), {})
     report, relay = HydraReport(), StopCounter()
-    feed = HydraDemux(out, stream, report, relay)
+    feed = HydraDemux(out, stream, report, relay, control or Control())
     for chunk in chunks:
         feed.feed(chunk)
     feed.close()
@@ -110,8 +111,10 @@ def test_the_first_failure_report_is_the_root_cause_and_stops_the_launch() -> No
         b"[3]<poprun>:poprun-py: rank exited with code 7\n"
         b"[0]<poprun>:poprun-py: rank exited with code 143\n"
     )
-    lines, report, stops = demux([stream], stream="stderr")
+    control = Control()
+    lines, report, stops = demux([stream], stream="stderr", control=control)
     assert (report.rank, report.exit_code, stops) == (3, 7, 1)
+    assert control.stop_reason == "instance 3 failed"  # hydra itself is stopped too
     assert lines == [(1, "stderr", "oops")]  # the reports are poprun-py's, not the program's
 
 
