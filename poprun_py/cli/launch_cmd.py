@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from poprun_py.cli import long_run as lr
+from poprun_py.cli import onekey
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
@@ -82,6 +83,9 @@ def _command(mode: str) -> Callable[..., None]:
         timeout: lr.Timeout = None,
         hang_timeout: lr.HangTimeout = None,
         spare_hosts: lr.SpareHosts = None,
+        up: onekey.Up = False,
+        down: onekey.Down = False,
+        yes: onekey.Yes = False,
     ) -> None:
         opts = LaunchOptions(
             program=tuple(program or ()),
@@ -126,23 +130,24 @@ def _command(mode: str) -> Callable[..., None]:
             raise UsageError("launch needs a PROGRAM to run")
         if only_output_from_instance is not None and only_output_from_instance < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
-        prep = prepare(opts)
-        _RETAINED.append(prep)  # freed with the process, not object by object
-        gc.freeze()  # the plan lives as long as the process: keep the collector off it
-        if mode == "plan":
-            show_plan(prep.plan, fmt)
-            return
-        if mode == "render" or dry_run:
-            _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
-            return
-        if mode == "check" or check:
-            stream = sys.stdout if mode == "check" else sys.stderr
-            _check(prep, check_timeout, check_torch, stream)
-            if mode == "check":
+        with onekey.cycle(opts, onekey.OneKey(up, down, yes), mode, dry_run) as opts:
+            prep = prepare(opts)
+            _RETAINED.append(prep)  # freed with the process, not object by object
+            gc.freeze()  # the plan lives as long as the process: keep the collector off it
+            if mode == "plan":
+                show_plan(prep.plan, fmt)
                 return
-        if print_topology:
-            show_plan(prep.plan, "table")
-        _launch(prep, output_dir, only_output_from_instance, sync)
+            if mode == "render" or dry_run:
+                _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
+                return
+            if mode == "check" or check:
+                stream = sys.stdout if mode == "check" else sys.stderr
+                _check(prep, check_timeout, check_torch, stream)
+                if mode == "check":
+                    return
+            if print_topology:
+                show_plan(prep.plan, "table")
+            _launch(prep, output_dir, only_output_from_instance, sync or up)
 
     command.__name__ = mode
     command.__doc__ = {

@@ -28,7 +28,7 @@ from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
-    from poprun_py.providers.lifecycle import ClusterStatus
+    from poprun_py.providers.lifecycle import ClusterStatus, DownResult, UpResult
 
 ClusterArg = Annotated[
     str,
@@ -148,13 +148,18 @@ def up_command(  # noqa: PLR0917 - typer maps every option to a parameter
             accept_new_host_keys=accept_new_host_keys,
             ssh=SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout),
         )
+    report_up(spec, result, started)
+    sys.stdout.write(f"{result.inventory}\n")
+
+
+def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
+    """One line on stderr: the cluster is up, how many nodes, how long, where setup ran."""
     ran = sum(o.ran for o in result.setup)
     setup = f"; setup ran on {ran}, unchanged on {len(result.setup) - ran}" if result.setup else ""
     sys.stderr.write(
         f"poprun-py: cluster {spec.name} is up: {len(result.record.nodes)} node(s) "
         f"({result.record.provider}) in {time.monotonic() - started:.1f}s{setup}\n"
     )
-    sys.stdout.write(f"{result.inventory}\n")
 
 
 @app.command("down")
@@ -175,6 +180,11 @@ def down_command(  # noqa: PLR0917 - typer maps every option to a parameter
     with RichReporter() as reporter:
         ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
         result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys, ssh=ssh)
+    report_down(spec, result, started)
+
+
+def report_down(spec: ClusterSpec, result: DownResult, started: float) -> None:
+    """One line on stderr: the cluster is down, how long it took, what was removed."""
     what = ", ".join(f"{r.kind} {r.id}" for r in result.removed) or "nothing to remove"
     sys.stderr.write(
         f"poprun-py: cluster {spec.name} is down in {time.monotonic() - started:.1f}s: {what}\n"

@@ -24,6 +24,7 @@ that (connecting, preflight, staging) it raises KeyboardInterrupt, which the CLI
 exit 130 with nothing left started. SIGUSR1 and SIGUSR2 (:data:`FORWARD_SIGNALS`) become
 :meth:`Control.forward` while armed and are ignored before (they no longer kill poprun-py).
 A restarted job keeps its Control: :meth:`Control.next_attempt` clears the rule's stop.
+:func:`deferring` holds the stop signals during a clean-up that must finish (a teardown).
 
 Example:
 
@@ -199,3 +200,27 @@ def interrupting() -> Iterator[None]:
             yield
     finally:
         control.close()
+
+
+@contextlib.contextmanager
+def deferring(note: Callable[[int], None] | None = None) -> Iterator[list[int]]:
+    """SIGINT, SIGTERM and SIGHUP are held while this is active (main thread only): a clean-up
+    that must finish (``launch --up --down`` tearing the cluster down) is not cut short by a
+    second Ctrl-C. Each signal that arrives is recorded in the yielded list and passed to
+    ``note`` (e.g. to say "still tearing down"); the old handlers come back afterwards."""
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+
+    def on_signal(signum: int, frame: object) -> None:
+        arrived.append(signum)
+        if note is not None:
+            note(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield arrived
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

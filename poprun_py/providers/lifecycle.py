@@ -4,7 +4,8 @@
 every node must answer SSH; the spec's setup script runs where its digest changed; the inventory
 is written next to the state file. ``down``: the provider removes everything, found by name or
 tag when the state file is incomplete or gone, then the state files go; running it twice is
-harmless. ``status``: every cluster with a state file, its nodes refreshed from the provider.
+harmless (``hold_signals=True``: no signal cuts it short, for the end of a job).
+``status``: every cluster with a state file, its nodes refreshed from the provider.
 
 Example (as root, with the local provider)::
 
@@ -16,6 +17,7 @@ Example (as root, with the local provider)::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -112,8 +114,11 @@ def down(
     accept_new_host_keys: bool = False,
     provider: Provider | None = None,
     ssh: SshOptions | None = None,
+    hold_signals: bool = False,
 ) -> DownResult:
-    """Remove everything ``up`` created for ``spec``; harmless when nothing exists."""
+    """Remove everything ``up`` created for ``spec``; harmless when nothing exists.
+    ``hold_signals``: no Ctrl-C, SIGTERM or SIGHUP cuts it short (each is only noted) -- for
+    whatever removes a cluster when its job ends (``launch --up --down``, a supervisor)."""
     provider = provider or provider_for(spec)
     state = ClusterState.of(spec.name, root)
     ctx = ProvisionContext(
@@ -122,14 +127,25 @@ def down(
         accept_new_host_keys=accept_new_host_keys,
         ssh=ssh or SshOptions(),
     )
-    try:
-        record = state.load()
-    except ProvisionError as exc:  # a damaged state file: fall back to names and tags
-        ctx.reporter.note(f"{exc}; finding resources by name/tag instead")
-        record = None
-    removed = provider.terminate(spec, record, ctx)
-    state.remove()
+    with _held(spec, ctx.reporter) if hold_signals else contextlib.nullcontext():
+        try:
+            record = state.load()
+        except ProvisionError as exc:  # a damaged state file: fall back to names and tags
+            ctx.reporter.note(f"{exc}; finding resources by name/tag instead")
+            record = None
+        removed = provider.terminate(spec, record, ctx)
+        state.remove()
     return DownResult(spec.name, removed, record is not None)
+
+
+def _held(spec: ClusterSpec, reporter: Reporter) -> contextlib.AbstractContextManager[object]:
+    """Stop signals noted, not obeyed, until the teardown is done."""
+    from poprun_py.process.signals import deferring
+
+    def still(signum: int) -> None:
+        reporter.note(f"signal {signum}: still tearing down cluster {spec.name}; it will finish")
+
+    return deferring(still)
 
 
 def spec_from_record(record: ProvisionRecord) -> ClusterSpec:

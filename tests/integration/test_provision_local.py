@@ -316,3 +316,105 @@ def test_up_and_down_take_the_ssh_options_every_remote_command_takes(
     went_down = run([*argv, "down", str(spec), *flags])
     assert went_down.returncode == 0, went_down.stderr
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- one key: launch --up --down
+
+WAITING = (
+    "import os, pathlib, sys, time\n"
+    "pathlib.Path(sys.argv[1], 'started-' + os.environ['RANK']).touch()\n"
+    "time.sleep(300)\n"
+)
+
+
+def job(tmp_path: Path, text: str) -> Path:
+    """The program in a directory of its own (what --up's --sync pushes)."""
+    (tmp_path / "job").mkdir(exist_ok=True)
+    program = tmp_path / "job" / "prog.py"
+    program.write_text(text)
+    return program
+
+
+def test_one_key_up_sync_launch_down_end_to_end(
+    cluster_name: str, state_dir: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "setup.log"
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, f'echo "$(hostname)" >> {log}')
+    program = job(tmp_path, PROGRAM)
+    argv = ["-c", str(spec), "--up", "--down", "--instances", "2", sys.executable, str(program)]
+    proc = cli("launch", *argv)
+    assert proc.returncode == 0, proc.stderr
+    hosts = [f"pa{TAG}1", f"pa{TAG}2"]
+    assert sorted(log.read_text().split()) == hosts  # the spec's setup ran on every node
+    assert sorted(line.split("] ", 1)[1] for line in proc.stdout.splitlines()) == [
+        f"rank 0 on {hosts[0]}",
+        f"rank 1 on {hosts[1]}",
+    ]
+    assert f"cluster {cluster_name} is up: 2 node(s) (local)" in proc.stderr
+    assert f"cluster {cluster_name} is down" in proc.stderr
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
+    assert processes(str(program)) == ""
+
+
+def test_one_key_tears_down_after_a_failed_job_and_keeps_its_exit_code(
+    cluster_name: str, state_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, "true")
+    program = job(tmp_path, "import os, sys, time\nos.environ['RANK'] == '1' and sys.exit(7)\n")
+    proc = cli("launch", "-c", str(spec), "--up", "--down", "-n", "2", sys.executable, str(program))
+    assert proc.returncode == 7, proc.stderr
+    assert f"cluster {cluster_name} is down" in proc.stderr
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
+
+
+def test_one_key_ctrl_c_during_the_job_tears_down_and_exits_130(
+    cluster_name: str, state_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, "true")
+    program = job(tmp_path, WAITING)
+    argv = ["launch", "-c", str(spec), "--up", "--down", "-n", "2", "--grace-period", "2"]
+    client = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", *argv, sys.executable, str(program), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    started = [tmp_path / "started-0", tmp_path / "started-1"]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in started) and time.monotonic() < deadline:
+        assert client.poll() is None, client.communicate()[1]
+        time.sleep(0.02)
+    assert all(p.exists() for p in started), "the instances never started"
+    os.kill(client.pid, signal.SIGINT)
+    _, err = client.communicate(timeout=60)
+    assert client.returncode == 130, err
+    assert f"cluster {cluster_name} is down" in err
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
+    assert processes(str(program)) == ""
+
+
+def test_one_key_up_twice_reuses_the_cluster_then_down_removes_it(
+    cluster_name: str, state_dir: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, "true")
+    program = job(tmp_path, PROGRAM)
+    argv = ["launch", "-c", str(spec), "--up", "-n", "2", sys.executable, str(program)]
+    first = cli(*argv)
+    assert first.returncode == 0, first.stderr
+    assert "setup ran on 2, unchanged on 0" in first.stderr
+    assert f"cluster {cluster_name} stays up; `poprun-py down {spec}` removes it" in first.stderr
+    assert len(namespaces(cluster_name)) == 2
+    second = cli(*argv)
+    assert second.returncode == 0, second.stderr
+    assert f"reusing local cluster {cluster_name}" in second.stderr
+    assert "setup ran on 0, unchanged on 2" in second.stderr
+    assert len(second.stdout.splitlines()) == 2
+    gone = cli("down", str(spec))
+    assert gone.returncode == 0, gone.stderr
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
