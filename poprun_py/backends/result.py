@@ -149,3 +149,4 @@ class RunSettings:
     accept_new_host_keys: bool = False
     known_hosts: str | None = None
     sync: bool = False
+    on_running: Callable[[int], None] | None = None  # told when attempt k's instances all run

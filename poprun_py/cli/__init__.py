@@ -35,8 +35,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("provision_cmd", "Create the cluster's nodes, wait for SSH, run its setup script."),
     "down": ("provision_cmd", "Remove everything poprun-py created for the cluster."),
     "status": ("provision_cmd", "List provisioned clusters and their nodes."),
+    "jobs": ("jobs_cmd", "List detached jobs (launch --detach) and their states."),
+    "logs": ("jobs_cmd", "Print (or follow, -f) a detached job's output."),
+    "stop": ("jobs_cmd", "Stop a detached job on every host."),
+    "wait": ("jobs_cmd", "Wait for a detached job to end; exit with its code."),
 }
 """Command name → (module under ``poprun_py.cli`` that registers it, one-line help)."""
+HIDDEN = {"supervise": "jobs_cmd"}
+"""Commands not listed in the help: the detached job's supervisor (``launch --detach``)."""
 
 
 def _subcommand(args: list[str]) -> str | None:
@@ -66,6 +72,9 @@ def _unavailable() -> None:  # pragma: no cover - never reached: real commands a
 
 def _target(args: list[str]) -> Any:
     name = _subcommand(args)
+    if name in HIDDEN:
+        importlib.import_module(f"poprun_py.cli.{HIDDEN[name]}")
+        return app
     if name not in COMMANDS:
         return _index_app()
     importlib.import_module(f"poprun_py.cli.{COMMANDS[name][0]}")
@@ -80,6 +89,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:
         return _exit_code(exc)
     return int(result) if isinstance(result, int) else 0
+
+
+def report_error(exc: BaseException) -> int:
+    """Print ``exc`` as the CLI does (one line on stderr) and return its exit code; for code
+    that runs a command's work outside the CLI's own handler (a detached job's supervisor)."""
+    return _exit_code(exc)
 
 
 def _exit_code(exc: BaseException) -> int:

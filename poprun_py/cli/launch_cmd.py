@@ -83,6 +83,7 @@ def _command(mode: str) -> Callable[..., None]:
         timeout: lr.Timeout = None,
         hang_timeout: lr.HangTimeout = None,
         spare_hosts: lr.SpareHosts = None,
+        detach: lr.Detach = False,
         up: onekey.Up = False,
         down: onekey.Down = False,
         yes: onekey.Yes = False,
@@ -130,7 +131,7 @@ def _command(mode: str) -> Callable[..., None]:
             raise UsageError("launch needs a PROGRAM to run")
         if only_output_from_instance is not None and only_output_from_instance < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
-        with onekey.cycle(opts, onekey.OneKey(up, down, yes), mode, dry_run) as opts:
+        with onekey.cycle(opts, onekey.OneKey(up, down, yes, detach), mode, dry_run) as opts:
             prep = prepare(opts)
             _RETAINED.append(prep)  # freed with the process, not object by object
             gc.freeze()  # the plan lives as long as the process: keep the collector off it
@@ -147,6 +148,9 @@ def _command(mode: str) -> Callable[..., None]:
                     return
             if print_topology:
                 show_plan(prep.plan, "table")
+            if detach:
+                _detach(prep, fmt, output_dir, sync or up, cluster if down else None)
+                return
             _launch(prep, output_dir, only_output_from_instance, sync or up)
 
     command.__name__ = mode
@@ -265,7 +269,42 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
     return [*argv, "--", *opts.program]
 
 
-def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync: bool) -> None:
+def _detach(prep: Prepared, fmt: str, output_dir: str | None, sync: bool, down: str | None) -> None:
+    """``launch --detach``: the job goes to its supervisor; its id is the last line on stdout
+    (``--format json``: an object with the id, hosts and where the logs are)."""
+    from poprun_py.jobs.detach import DetachOptions, detach
+
+    here = False
+    if down is not None:
+        from poprun_py.prepare.specfile import load_cluster
+
+        provider = load_cluster(down).provider
+        here = provider is not None and provider.kind == "local"
+    with _warnings_to_stderr():
+        record = detach(prep, DetachOptions(output_dir, sync, down, here))
+    where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
+    sys.stderr.write(
+        f"poprun-py: job {record.id}: {len(record.instances)} instance(s) running, "
+        f"supervised on {where}; poprun-py logs -f {record.id}\n"
+    )
+    if fmt == "json":
+        from poprun_py.jobs.record import log_locations
+
+        info = {"id": record.id, "hosts": list(record.hosts), "supervisor": record.supervisor}
+        json.dump({**info, **log_locations(record)}, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(f"{record.id}\n")
+    sys.stdout.flush()
+
+
+def _launch(
+    prep: Prepared,
+    output_dir: str | None,
+    only_from: int | None,
+    sync: bool,
+    on_running: "Callable[[int], None] | None" = None,
+) -> None:
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -278,6 +317,7 @@ def _launch(prep: Prepared, output_dir: str | None, only_from: int | None, sync:
         output_dir=output_dir,
         only_output_from=only_from,
         sync=sync,
+        on_running=on_running,
     )
     with _warnings_to_stderr():
         result = launcher.launch(prep, settings)

@@ -110,3 +110,16 @@ def attempt_lines(result: LaunchResult) -> list[str]:
     if result.restart_failed:
         lines.append(result.restart_failed)
     return lines
+
+
+Detach = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        rich_help_panel=H_LONG,
+        help="Hand the job to a supervisor on its first host (this machine for --backend "
+        "local) and return once every instance runs, printing the job id; the job keeps every "
+        "rule without this client. See `jobs`, `logs`, `stop`, `wait`.",
+    ),
+]

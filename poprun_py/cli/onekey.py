@@ -73,6 +73,7 @@ class OneKey:
     up: bool = False
     down: bool = False
     yes: bool = False
+    detach: bool = False  # the job's supervisor removes the cluster (--down) when it ends
 
 
 @contextlib.contextmanager
@@ -95,6 +96,9 @@ def cycle(
     except BaseException:
         _end(spec, opts, keys.down, failed=True)
         raise
+    if keys.detach and keys.down:
+        sys.stderr.write(f"poprun-py: cluster {spec.name} is removed when the job ends\n")
+        return
     _end(spec, opts, keys.down, failed=False)
 
 

@@ -30,7 +30,6 @@ from poprun_py.errors import UsageError
 from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
-    from poprun_py.core.spec import ClusterSpec
     from poprun_py.ssh.fanout import LineFn
     from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.sync import SyncReport
@@ -194,29 +193,9 @@ def _print_sync_summary(report: SyncReport) -> None:
 def _connected(hosts: str | None, cluster: str | None, ssh: SshOptions) -> Iterator[ConnectionPool]:
     """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
     from poprun_py.prepare.job import ssh_settings
+    from poprun_py.prepare.specfile import target_cluster
     from poprun_py.ssh.pool import ConnectionPool
 
     spec = target_cluster(hosts, cluster)
     with ConnectionPool(spec.hosts, ssh_settings(spec, ssh)) as pool:
         yield pool
-
-
-def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
-    """The hosts named by ``--hosts`` (with what ``--cluster`` says of them) or ``--cluster``."""
-    from poprun_py.core.hosts import parse_hosts, read_hostfile
-    from poprun_py.core.spec import cluster_from_hosts
-
-    base = None
-    if cluster:
-        from poprun_py.prepare.specfile import load_cluster
-
-        base = load_cluster(cluster)
-    if hosts:
-        spec = cluster_from_hosts(parse_hosts(hosts, read=read_hostfile), base=base)
-    elif base is not None:
-        spec = base
-    else:
-        raise UsageError("name the hosts: --hosts h1,h2 | node[01-16] | @hostfile, or --cluster")
-    if spec.simulated:
-        raise UsageError(f"cluster {spec.name!r} is simulated: it has no hosts to reach")
-    return spec

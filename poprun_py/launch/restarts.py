@@ -156,7 +156,10 @@ class Attempts:
             hang_timeout=long_run.hang_timeout,
         )
         with clocks:
-            result = session.start(job, run_opts, self.control).wait()
+            running = session.start(job, run_opts, self.control)
+            if self.settings.on_running is not None:
+                self.settings.on_running(k)
+            result = running.wait()
         pairs = tuple(sorted(replaced.items()))
         return replace(result, cause=clocks.cause or result.cause, replaced=pairs)
 

@@ -377,3 +377,20 @@ def _host_topology(
             )
         return topologies[host.topology]
     return _topology(host.topology, lines, source, (*path, "topology"))
+
+
+def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
+    """The hosts named by ``--hosts`` (with what ``--cluster`` says of them) or ``--cluster``."""
+    from poprun_py.core.hosts import parse_hosts, read_hostfile
+    from poprun_py.core.spec import cluster_from_hosts
+
+    base = load_cluster(cluster) if cluster else None
+    if hosts:
+        spec = cluster_from_hosts(parse_hosts(hosts, read=read_hostfile), base=base)
+    elif base is not None:
+        spec = base
+    else:
+        raise UsageError("name the hosts: --hosts h1,h2 | node[01-16] | @hostfile, or --cluster")
+    if spec.simulated:
+        raise UsageError(f"cluster {spec.name!r} is simulated: it has no hosts to reach")
+    return spec

@@ -12,7 +12,7 @@ import pytest
 import typer.main
 
 from poprun_py.cli.app import app
-from poprun_py.cli.remote_cmd import target_cluster
+from poprun_py.prepare.specfile import target_cluster
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.spec import SshOptions, cluster_from_hosts
 from poprun_py.errors import UsageError

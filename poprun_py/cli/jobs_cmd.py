@@ -1,0 +1,243 @@
+"""``poprun-py jobs``, ``logs``, ``stop`` and ``wait``: detached jobs (``launch --detach``), from
+any terminal or process; and ``supervise``, the supervisor itself (hidden: the client starts it).
+
+A job is found through this machine's list of the jobs it launched
+(:mod:`poprun_py.jobs.registry`), or -- when that list is lost, or the job was launched
+elsewhere -- on the hosts of the cluster named with ``-c``/``--hosts`` (every host is asked).
+
+Example:
+
+    $ poprun-py jobs
+    $ poprun-py jobs -c clusters/testhosts-4.yaml --format json
+    $ poprun-py logs -f testhosts-4-20261201-120501-3f2a --instance 3
+    $ poprun-py stop testhosts-4-20261201-120501-3f2a
+    $ poprun-py wait testhosts-4-20261201-120501-3f2a; echo $?
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from poprun_py.cli import options as o
+from poprun_py.cli.app import app, console
+from poprun_py.core.spec import SshOptions
+from poprun_py.errors import EXIT_LOST, UsageError
+
+if TYPE_CHECKING:
+    from poprun_py.jobs.place import JobHost
+    from poprun_py.jobs.record import JobRecord
+    from poprun_py.jobs.supervisor import Recorder
+
+JobId = Annotated[str, typer.Argument(help="The job id `launch --detach` printed.")]
+Follow = Annotated[
+    bool, typer.Option("--follow", "-f", help="Follow the output until the job ends.")
+]
+Instance = Annotated[
+    Optional[int],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option("--instance", help="Only this instance's output (its log)."),
+]
+DEFAULT_GRACE = 5.0
+
+
+@app.command("jobs")
+def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
+    hosts: o.Hosts = None,
+    cluster: o.Cluster = None,
+    fmt: o.Format = "table",
+    connect_timeout: o.ConnectTimeout = None,
+    known_hosts: o.KnownHosts = None,
+    ssh_config: o.SshConfig = None,
+    identity: o.Identity = None,
+    user: o.User = None,
+) -> None:
+    """List detached jobs: id, state, hosts, start, attempts, exit code."""
+    from poprun_py.jobs.finder import all_jobs
+
+    if fmt not in ("table", "json"):
+        raise UsageError(f"--format must be table or json, got {fmt!r}")
+    ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
+    records, problems = all_jobs(hosts, cluster, ssh)
+    for line in problems:
+        sys.stderr.write(f"poprun-py: warning: {line}\n")
+    if fmt == "json":
+        from dataclasses import asdict
+
+        rows = [{k: v for k, v in asdict(r).items() if k != "options"} for r in records]
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    _print_table(records)
+
+
+def _print_table(records: list[JobRecord]) -> None:
+    from rich.table import Table
+
+    from poprun_py.jobs.record import summary_row
+    from poprun_py.ssh.fanout import nodeset
+
+    table = Table(box=None, header_style="bold")
+    for column in ("job", "state", "hosts", "started", "attempts", "code"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(*summary_row(record, nodeset))
+    console().print(table)
+
+
+@app.command("logs")
+def logs_cmd(
+    job_id: JobId,
+    follow: Follow = False,
+    instance: Instance = None,
+    hosts: o.Hosts = None,
+    cluster: o.Cluster = None,
+) -> None:
+    """Print a detached job's output, tagged as an attached launch prints it (-f: follow it
+    until the job ends; Ctrl-C stops the following, not the job)."""
+    from poprun_py.jobs.record import log_locations
+
+    with _job_host(job_id, hosts, cluster) as (host, record):
+        if instance is None:
+            write = _raw_writer()
+            host.follow(job_id, "output.log", follow, write)
+            return
+        if not 0 <= instance < len(record.instances):
+            raise UsageError(
+                f"logs --instance {instance}: job {job_id} has {len(record.instances)} "
+                f"instance(s), 0 to {len(record.instances) - 1}"
+            )
+        logs = log_locations(record)["instance_logs"]
+        tag = f"[{record.instances[instance]}:{instance}] "
+        writer = _TaggedWriter(tag)
+        host.follow(job_id, f"{logs}/instance-{instance}.log", follow, writer.write)
+        writer.close()
+
+
+def _raw_writer() -> Any:
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            out.write(data)
+            out.flush()
+
+    return write
+
+
+class _TaggedWriter:
+    """Writes whole lines, each with ``tag`` in front."""
+
+    def __init__(self, tag: str):
+        self.tag, self.rest = tag.encode(), b""
+        self.out = sys.stdout.buffer
+
+    def write(self, data: bytes) -> None:
+        """Tag and write every whole line of ``data`` (the rest waits for its newline)."""
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        if lines:
+            self.out.write(b"".join(self.tag + line + b"\n" for line in lines))
+            self.out.flush()
+
+    def close(self) -> None:
+        """Write what is left without a newline."""
+        if self.rest:
+            self.out.write(self.tag + self.rest + b"\n")
+            self.out.flush()
+
+
+@app.command("stop")
+def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
+    """Stop a detached job on every host (TERM, KILL after its grace period); stopping a job
+    that has ended does nothing."""
+    from poprun_py.jobs.record import from_json, observed
+
+    with _job_host(job_id, hosts, cluster) as (host, record):
+        if not record.active:
+            sys.stderr.write(f"poprun-py: job {job_id} has already ended ({record.state})\n")
+            return
+        grace = float(record.options.get("grace_period") or DEFAULT_GRACE)
+        data = host.call("stop", job_id, str(grace))
+    after = observed(from_json(data), supervisor_alive=data["alive"]) if data else record
+    sys.stderr.write(f"poprun-py: job {job_id} {after.state}\n")
+
+
+@app.command("wait")
+def wait_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
+    """Wait for a detached job to end; exit with its exit code."""
+    from poprun_py.jobs.record import from_json, observed
+
+    with _job_host(job_id, hosts, cluster) as (host, record):
+        data = host.call("wait", job_id) if record.active else None
+    final = observed(from_json(data), supervisor_alive=data["alive"]) if data else record
+    code = final.exit_code if final.exit_code is not None else EXIT_LOST
+    detail = f": {final.reason}" if final.reason else ""
+    sys.stderr.write(f"poprun-py: job {job_id} {final.state} (exit code {code}){detail}\n")
+    if code:
+        raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _job_host(
+    job_id: str, hosts: str | None, cluster: str | None
+) -> Iterator[tuple[JobHost, JobRecord]]:
+    """The host of ``job_id``'s supervisor, and the job's record as it stands."""
+    from poprun_py.jobs.finder import job_host
+    from poprun_py.jobs.record import check_job_id
+
+    with job_host(check_job_id(job_id), hosts, cluster) as found:
+        yield found
+
+
+@app.command("supervise", hidden=True)
+def supervise_cmd(job_id: JobId) -> None:
+    """The supervisor of a detached job (started by ``launch --detach``; reads its record on
+    stdin)."""
+    from poprun_py.jobs.supervisor import detach_and_run
+
+    code = detach_and_run(job_id, _run_job)
+    if code:
+        raise typer.Exit(code)
+
+
+def _run_job(recorder: Recorder) -> None:
+    """In the detached child: plan the job here, run it as ``launch`` does, record its end;
+    with ``--down``, then remove the cluster."""
+    from poprun_py.cli import report_error
+    from poprun_py.cli.launch_cmd import _launch
+    from poprun_py.errors import Interrupted, PoprunError
+    from poprun_py.jobs.supervisor import launch_options
+    from poprun_py.prepare.job import prepare
+
+    extra = recorder.record.options
+    try:
+        opts = launch_options(recorder)
+        prep = prepare(opts)
+        logs = extra.get("output_dir") or str(recorder.job_dir / "logs")
+        _launch(prep, logs, None, False, on_running=recorder.running)
+        recorder.ended(0, "", interrupted=False)
+    except (PoprunError, KeyboardInterrupt) as exc:
+        code = report_error(exc)
+        reason = str(exc) if isinstance(exc, PoprunError) else "interrupted"
+        recorder.ended(code, reason, interrupted=isinstance(exc, Interrupted | KeyboardInterrupt))
+    finally:
+        if extra.get("down"):
+            _take_down(extra["down"], recorder)
+
+
+def _take_down(spec_path: str, recorder: Recorder) -> None:
+    """``--detach --down``: remove the cluster once the job is over."""
+    from poprun_py.cli import report_error
+    from poprun_py.cli.onekey import take_down
+    from poprun_py.errors import PoprunError
+    from poprun_py.jobs.supervisor import launch_options
+    from poprun_py.prepare.specfile import load_cluster
+
+    try:
+        take_down(load_cluster(spec_path), launch_options(recorder))
+    except PoprunError as exc:
+        report_error(exc)

@@ -1,0 +1,154 @@
+"""The client side of ``launch --detach``: hand the prepared job to a supervisor and return.
+
+Where the supervisor runs (:func:`supervisor_host`): on the job's first host, reached over SSH
+with the launch's own settings -- it then reaches the other hosts from there as an attached
+launch does, so the client may vanish (SIGKILL, a cut network) and the job goes on. On this
+machine for the local backend, and for a local-provider cluster (its hosts are network
+namespaces of this machine, which the supervisor must be outside of to remove them with
+``--down``).
+
+What the supervisor gets (:func:`supervisor_record`): the job record with the launch's
+options, resolved so that it plans the same job there (backend, working directory, the
+cluster spec's absolute path and its text, used where that path does not exist); the values of
+``--env NAME`` secrets only in its environment, over the channel (never on disk, never in an
+argv). ``--sync`` is done here first, from the client's files.
+
+Example::
+
+    record = detach(prep, DetachOptions(output_dir=None, sync=False))
+    print(record.id)        # c-20261201-120000-ab12
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from poprun_py.errors import UsageError
+from poprun_py.jobs import registry
+from poprun_py.jobs.place import JobHost, LocalJobHost, remote_job_host
+from poprun_py.jobs.record import JobRecord, new_job_id, to_json
+
+if TYPE_CHECKING:
+    from poprun_py.core.spec import HostSpec
+    from poprun_py.prepare.job import Prepared
+
+
+@dataclass(frozen=True)
+class DetachOptions:
+    """What ``launch`` adds to a detached job: its logs' directory, ``--sync``, with ``--down``
+    the spec of the cluster to remove when the job ends, and ``here`` when the cluster's hosts
+    are this machine's (a local-provider cluster): the supervisor then runs here."""
+
+    output_dir: str | None = None
+    sync: bool = False
+    down: str | None = None
+    here: bool = False
+
+
+def check_detachable(prep: Prepared) -> None:
+    """UsageError (exit 2, nothing started) for a job that cannot be detached."""
+    if prep.backend == "slurm":
+        raise UsageError(
+            "--detach does not apply to the slurm backend: a batch job already outlives its "
+            "client (poprun-py render --backend slurm ... | sbatch)"
+        )
+    if prep.backend == "local" and not prep.plan.cluster.all_local:
+        raise UsageError(
+            "--detach with --backend local needs every host to be this machine: "
+            "use --backend ssh (or mpirun/mpiexec) for remote hosts"
+        )
+
+
+def supervisor_host(prep: Prepared, here: bool) -> HostSpec | None:
+    """The host the supervisor runs on (None: this machine)."""
+    provider = prep.plan.cluster.provider
+    if here or prep.plan.cluster.all_local or prep.backend == "local":
+        return None
+    if provider is not None and provider.kind == "local":
+        return None
+    return prep.plan.hosts[0].spec
+
+
+def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> JobRecord:
+    """The record the supervisor starts from (see the module docstring)."""
+    opts = prep.options
+    cluster = os.path.abspath(opts.cluster) if opts.cluster else None
+    resolved = replace(
+        opts,
+        backend=prep.backend,
+        cluster=cluster,
+        workdir=prep.plan.workdir or os.getcwd(),
+    )
+    extra: dict[str, Any] = {
+        "launch": asdict(resolved),
+        "output_dir": options.output_dir and os.path.abspath(options.output_dir),
+        "down": options.down and os.path.abspath(options.down),
+        "grace_period": prep.grace_period,
+    }
+    if cluster:
+        extra["cluster_text"] = Path(cluster).read_text(encoding="utf-8")
+    plan = prep.plan
+    return JobRecord(
+        id=new_job_id(plan.cluster.name),
+        hosts=tuple(h.name for h in plan.hosts),
+        backend=prep.backend,
+        created=time.time(),
+        supervisor=where,
+        instances=tuple(i.host for i in plan.instances),
+        options=extra,
+    )
+
+
+def secrets(prep: Prepared) -> dict[str, str]:
+    """The ``--env NAME`` values, for the supervisor's environment only."""
+    job = prep.job
+    return {v.name: v.value for v in job.env if v.secret} if job is not None else {}
+
+
+def detach(prep: Prepared, options: DetachOptions) -> JobRecord:
+    """Start the job's supervisor; return its record once every instance runs."""
+    check_detachable(prep)
+    host = supervisor_host(prep, options.here)
+    record = supervisor_record(prep, options, host.name if host is not None else "localhost")
+    if options.sync and host is not None:
+        _sync(prep)
+    if host is None:
+        return _start(LocalJobHost(), record, prep)
+    from poprun_py.prepare.job import ssh_settings
+
+    settings = ssh_settings(prep.plan.cluster, prep.options.ssh)
+    with remote_job_host(host, settings) as remote:
+        return _start(remote, record, prep)
+
+
+def _start(host: JobHost, record: JobRecord, prep: Prepared) -> JobRecord:
+    """Remember the job here first (a client killed meanwhile leaves a findable job), then
+    start its supervisor."""
+    opts = prep.options
+    entry = registry.Entry(
+        record.id,
+        record.supervisor,
+        cluster=record.options.get("launch", {}).get("cluster"),
+        hosts=opts.hosts,
+        ssh=asdict(opts.ssh),
+        created=record.created,
+    )
+    registry.save(entry, cluster_text=record.options.get("cluster_text"))
+    job_dir = host.start_supervisor(record.id, to_json(record), secrets(prep))
+    return replace(record, job_dir=job_dir)
+
+
+def _sync(prep: Prepared) -> None:
+    """``--sync`` from here, before the supervisor starts (it has the client's files then)."""
+    from poprun_py.launch.launcher import sync_root
+    from poprun_py.prepare.job import ssh_settings
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.sync import sync
+
+    hosts = [h.spec for h in prep.plan.hosts]
+    with ConnectionPool(hosts, ssh_settings(prep.plan.cluster, prep.options.ssh)) as pool:
+        sync(pool, [sync_root(prep.plan)])

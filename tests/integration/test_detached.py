@@ -1,0 +1,147 @@
+"""Detached jobs on real test hosts (network namespaces with sshd): ``launch --detach`` over
+ssh, its supervisor on the first host, and ``jobs``, ``logs``, ``stop``, ``wait`` from new
+processes -- the client SIGKILLed meanwhile, the local registry lost. Afterwards nothing but
+sshd may run on any host."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from poprun_py.providers.netns import TestCluster
+from tests.integration.helpers import marked_on
+from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
+
+pytestmark = pytest.mark.hosts
+
+
+def wait_go(tmp_path: Path) -> str:
+    """A shell line that waits until the test touches ``tmp_path/go`` (hosts share the file
+    system with the test)."""
+    return f"while [ ! -e {tmp_path / 'go'} ]; do sleep 0.05; done; "
+
+
+@pytest.fixture(autouse=True)
+def own_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own registry of detached jobs (XDG_STATE_HOME)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+def detached(spec: Path, cwd: Path, *program: str, n: int = 4, more: tuple[str, ...] = ()) -> str:
+    """``launch --detach`` on the test hosts; the job id (its last line on stdout)."""
+    args = ["launch", "-c", str(spec), "-b", "ssh", "-r", str(n), "-n", str(n), *more, "--detach"]
+    proc = poprun(*args, "--", *program, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[-1]
+
+
+def jobs(cwd: Path, *args: str) -> list[dict[str, object]]:
+    proc = poprun("jobs", "--format", "json", *args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    rows: list[dict[str, object]] = json.loads(proc.stdout)
+    return rows
+
+
+def state_of(cwd: Path, job: str, *args: str) -> str:
+    return next(str(r["state"]) for r in jobs(cwd, *args) if r["id"] == job)
+
+
+def test_a_detached_job_runs_on_4_hosts_without_its_client(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    script = 'echo "start $RANK $(hostname)"; ' + wait_go(tmp_path) + 'echo "done $RANK"'
+    job = detached(spec, tmp_path, "sh", "-c", script)
+    first = test_cluster_4.hosts[0]
+    assert marked_on(first, f"supervise {job}"), "the supervisor runs on the first host"
+    assert state_of(tmp_path, job) == "running"
+    # a follower SIGKILLed halfway; a new one reads everything and ends with the job
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "logs", "-f", job],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert follower.stdout is not None
+    assert "start" in follower.stdout.readline()
+    follower.send_signal(signal.SIGKILL)
+    follower.wait(timeout=10)
+    (tmp_path / "go").touch()
+    logs = poprun("logs", "-f", job, cwd=tmp_path)
+    assert logs.returncode == 0, logs.stderr
+    for rank, host in enumerate(test_cluster_4.hosts):
+        assert f"[{host.name}:{rank}] start {rank} {host.name}" in logs.stdout
+        assert f"[{host.name}:{rank}] done {rank}" in logs.stdout
+    waited = poprun("wait", job, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert state_of(tmp_path, job) == "succeeded"
+    one = poprun("logs", job, "--instance", "3", cwd=tmp_path)
+    last = test_cluster_4.hosts[3].name
+    assert one.stdout.splitlines() == [f"[{last}:3] start 3 {last}", f"[{last}:3] done 3"]
+    only_sshd(test_cluster_4)
+
+
+def test_an_instance_failing_while_detached_stops_the_others(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    script = wait_go(tmp_path) + '[ "$RANK" = 2 ] && exit 5; exec sleep 60'
+    job = detached(spec, tmp_path, "sh", "-c", script)
+    (tmp_path / "go").touch()
+    waited = poprun("wait", job, cwd=tmp_path)
+    assert waited.returncode == 5, waited.stderr
+    assert "instance 2 on" in waited.stderr
+    assert state_of(tmp_path, job) == "failed"
+    only_sshd(test_cluster_4)
+
+
+def test_stop_leaves_nothing_on_any_host_and_a_second_stop_is_harmless(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    job = detached(spec, tmp_path, "sleep", "300")
+    started = time.monotonic()
+    stopped = poprun("stop", job, cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+    assert time.monotonic() - started < 10
+    assert f"job {job} stopped" in stopped.stderr
+    only_sshd(test_cluster_4)
+    again = poprun("stop", job, cwd=tmp_path)
+    assert again.returncode == 0 and "already ended (stopped)" in again.stderr
+    waited = poprun("wait", job, cwd=tmp_path)
+    assert waited.returncode == 130
+
+
+def test_a_lost_registry_loses_no_job_and_secrets_stay_off_disk(
+    test_cluster_4: TestCluster, tmp_path: Path, own_registry: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    monkeypatch.setenv("TRAIN_API_TOKEN", secret)
+    script = wait_go(tmp_path) + 'echo "token ${#TRAIN_API_TOKEN} ${TRAIN_API_TOKEN%%-*}"'
+    more = ("--env", "TRAIN_API_TOKEN")
+    job = detached(spec, tmp_path, "sh", "-c", script, more=more)
+    for path in own_registry.rglob("*.json"):
+        assert secret not in path.read_text()
+        path.unlink()  # the registry is lost
+    unknown = poprun("wait", job, cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown job" in unknown.stderr
+    assert state_of(tmp_path, job, "-c", str(spec)) == "running"
+    (tmp_path / "go").touch()
+    waited = poprun("wait", job, "-c", str(spec), cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    logs = poprun("logs", job, "-c", str(spec), cwd=tmp_path)
+    assert logs.stdout.count(f"token {len(secret)} s3cr3t") == 4, logs.stdout
+    row = next(r for r in jobs(tmp_path, "-c", str(spec)) if r["id"] == job)
+    for path in Path(str(row["job_dir"])).rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+    only_sshd(test_cluster_4)
