@@ -148,6 +148,7 @@ def agent_payload() -> tuple[list[str], bytes]:
 INLINED = (
     (b"from poprun_py.agent.protocol import", "poprun_py.agent.protocol"),
     (b"from poprun_py.process.binding import", "poprun_py.process.binding"),
+    (b"from poprun_py.process.stackdump import", "poprun_py.process.stackdump"),
 )
 """The agent's imports of poprun-py modules, each replaced by that module's code when it ships
 (the host has no poprun_py): one source of truth for the protocol and the binding syscalls."""

@@ -35,6 +35,7 @@ Example (the agent run locally, as its tests do)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -42,10 +43,12 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent_payload
     DONE,
+    DUMP_LINE,
     EXITED,
     FAILED,
     HEARTBEAT_LINE,
@@ -57,13 +60,19 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     REQUEST_PUT,
     REQUEST_RUN,
     SIGNAL_LINE,
+    STACKS,
+    STACKS_FAULTHANDLER,
+    STACKS_NONE,
+    STACKS_PYSPY,
     STARTED,
     STDERR,
     STDOUT,
     TERM_LINE,
+    dump_indexes,
     record,
 )
 from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
+from poprun_py.process.stackdump import dump_in_background  # inlined: agent_payload
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
 if TYPE_CHECKING:
@@ -138,6 +147,8 @@ class Agent:
         self.scanned = 0.0
         self.clean_at: float | None = None  # when no leftover was found any more
         self.wake_r, self.wake_w = os.pipe()
+        self.dumper: threading.Thread | None = None  # a stack dump under way (py-spy)
+        self.dumps: list[tuple[set[int], dict[int, list[bytes] | None]]] = []
 
     # ------------------------------------------------------------ setup
 
@@ -213,6 +224,8 @@ class Agent:
         """Every instance reported, no leftover, output drained (or nobody listens any more)."""
         if not all(inst.reported for inst in self.instances) or self.clean_at is None:
             return False
+        if self.dumper is not None and self.dumper.is_alive():
+            return False  # its py-spy runs end within their timeout
         pipes_done = not any(inst.pipes for inst in self.instances) or now >= self.clean_at + DRAIN
         return pipes_done and not (self.in_open and self.pending)
 
@@ -230,7 +243,9 @@ class Agent:
         return times
 
     def tick(self, now: float) -> None:
-        """Time-driven work: reap, liveness, SIGKILL after grace, leftovers, heartbeat."""
+        """Time-driven work: reap, dumps, liveness, SIGKILL after grace, leftovers, heartbeat."""
+        while self.dumps:
+            self.dumped(*self.dumps.pop(0))
         self.reap()
         if all(inst.reported for inst in self.instances):
             self.stop()
@@ -300,6 +315,37 @@ class Agent:
                 self.signal_all(signal.SIGKILL)
             elif line.startswith(SIGNAL_LINE + b" ") and line[4:].isdigit():
                 self.forward(int(line[4:]))
+            elif line.startswith(DUMP_LINE + b" "):
+                self.dump(dump_indexes(line))
+
+    def dump(self, faulthandler: set[int]) -> None:
+        """Every running instance's stacks: ``py-spy dump`` of its Python processes on a
+        thread (the loop goes on), else SIGUSR1 to those in ``faulthandler``."""
+        roots = {i.index: i.proc.pid for i in self.instances if i.proc.poll() is None}
+
+        def done(found: dict[int, list[bytes] | None]) -> None:
+            self.dumps.append((faulthandler, found))
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"\0")  # the loop (tick) sends the dumps
+
+        if self.dumper is not None:
+            self.dumper.join()
+        self.dumper = dump_in_background(roots, done)
+
+    def dumped(self, faulthandler: set[int], found: dict[int, list[bytes] | None]) -> None:
+        """Send each dump as its instance's stderr lines, SIGUSR1 where there is none and
+        the instance registered faulthandler, and a ``y`` record for each."""
+        running = {i.index: i for i in self.instances if i.proc.poll() is None}
+        for index, lines in sorted(found.items()):
+            how = STACKS_NONE
+            if lines is not None:
+                for line in lines:
+                    self.emit(record(STDERR, index, line))
+                how = STACKS_PYSPY
+            elif index in running and index in faulthandler:
+                _kill(running[index].proc.pid, signal.SIGUSR1, group=True)
+                how = STACKS_FAULTHANDLER
+            self.emit(record(STACKS, index, how))
 
     def forward(self, sig: int) -> None:
         """Send ``sig`` to every instance still running (its process group); nothing else."""

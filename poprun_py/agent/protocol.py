@@ -15,8 +15,11 @@ poprun-py to the agent (its stdin):
    ``env``, ``cwd``, and ``cpus``/``mems`` when bound -- and the timings);
 3. control lines: ``h`` (heartbeat), ``term`` (SIGTERM now, SIGKILL after the grace period),
    ``kill`` (SIGKILL now), ``sig N`` (signal N to every running instance's process group, and
-   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py). End of input means poprun-py is gone:
-   stop everything.
+   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``dump F`` (a hung job's stacks:
+   ``py-spy dump`` of every running instance's Python processes where py-spy is on the
+   agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others among ``F``, the
+   comma-separated indexes that registered faulthandler, ``-`` for none). End of input means
+   poprun-py is gone: stop everything.
 
 The agent to poprun-py (its stdout), about the job::
 
@@ -26,6 +29,7 @@ The agent to poprun-py (its stdout), about the job::
     x IDX CODE     it exited with CODE          k IDX SIG   it was killed by signal SIG
     f IDX TEXT     it could not be started (TEXT says why)
     n IDX TEXT     it was not started: the agent was told to stop first
+    y IDX HOW      its stacks were dumped (after ``dump``): HOW is py-spy, faulthandler or none
     d              every instance has ended and nothing is left; the agent exits
 
 Example:
@@ -34,6 +38,8 @@ Example:
     b'x 3 0'
     >>> parse(b"o 3 hello world")
     (b'o', 3, b'hello world')
+    >>> dump_line(frozenset({2, 0})), dump_indexes(dump_line(frozenset()))
+    (b'dump 0,2', set())
 """
 
 # the agent's Python may be 3.7: annotations stay strings
@@ -48,6 +54,7 @@ HEARTBEAT_LINE = b"h"
 TERM_LINE = b"term"
 KILL_LINE = b"kill"
 SIGNAL_LINE = b"sig"  # ``sig N``
+DUMP_LINE = b"dump"  # ``dump F``
 
 STARTED = b"p"
 STDOUT = b"o"
@@ -56,8 +63,22 @@ EXITED = b"x"
 KILLED = b"k"
 FAILED = b"f"
 NOT_STARTED = b"n"
+STACKS = b"y"
 DONE = b"d"
-INSTANCE_RECORDS = frozenset((STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED))
+INSTANCE_RECORDS = frozenset((STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED, STACKS))
+STACKS_PYSPY = b"py-spy"  # HOW in ``y IDX HOW``
+STACKS_FAULTHANDLER = b"faulthandler"
+STACKS_NONE = b"none"
+
+
+def dump_line(faulthandler: frozenset[int]) -> bytes:
+    """The ``dump F`` control line for the instances in ``faulthandler``."""
+    return DUMP_LINE + b" " + (b",".join(b"%d" % i for i in sorted(faulthandler)) or b"-")
+
+
+def dump_indexes(line: bytes) -> set[int]:
+    """The indexes of a ``dump F`` control line (the inverse of :func:`dump_line`)."""
+    return {int(i) for i in line[len(DUMP_LINE) + 1 :].split(b",") if i.isdigit()}
 
 
 def record(kind: bytes, index: int, value: int | bytes) -> bytes:

@@ -42,7 +42,7 @@ from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 if TYPE_CHECKING:
     from poprun_py.core.topology import Topology
     from poprun_py.prepare.job import Prepared
-    from poprun_py.process.signals import Control
+    from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import RenderArgs, RenderedJob
 
 
@@ -67,7 +67,14 @@ class Running(Protocol):
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every running instance on every host; the job goes on. Called by
         ``wait``'s own loop for each :meth:`~poprun_py.process.signals.Control.forward`
-        request (SIGUSR1/SIGUSR2 to poprun-py, stack dumps of a hung job)."""
+        request (SIGUSR1/SIGUSR2 to poprun-py)."""
+        ...
+
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """Dump every running instance's stacks into its output (``py-spy dump`` where it is
+        installed on the instance's host, else SIGUSR1 to those in ``request.faulthandler``),
+        then say :meth:`~poprun_py.process.signals.Control.dumped`. Called by ``wait``'s own
+        loop for each :meth:`~poprun_py.process.signals.Control.dump` request (a hung job)."""
         ...
 
 

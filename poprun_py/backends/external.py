@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import signal
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ log = logging.getLogger("poprun_py.backends")
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import LaunchResult
-    from poprun_py.process.signals import Control
+    from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import RenderedJob
 
 
@@ -72,6 +73,7 @@ class LauncherRun:
         self.run, self.stack, self.results = run, stack, results
         self.on_signal = on_signal
         run.forward = self.signal  # the supervision loop passes forwarded signals on here
+        run.dumper = self.dump_stacks
 
     def wait(self) -> LaunchResult:
         """Supervise the launcher to the end; every instance's outcome."""
@@ -87,6 +89,19 @@ class LauncherRun:
             self.on_signal(signum)
         else:
             self.run.signal(signum)
+
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """A hung job's stacks: the instances run under the launcher's daemons, out of
+        py-spy's reach here, so SIGUSR1 through the launcher when every instance registered
+        faulthandler (a rank without a handler would die of it); else none."""
+        if request.every:
+            self.signal(signal.SIGUSR1)
+        else:
+            log.warning(
+                "no stacks dumped: not every instance imported poprun_py.dist (which registers "
+                "faulthandler for SIGUSR1), and py-spy does not reach ranks under a launcher"
+            )
+        self.run.control.dumped(request.every)
 
 
 def not_forwarded(launcher: str) -> Callable[[int], None]:

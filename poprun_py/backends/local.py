@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from poprun_py.core.topology import Topology
     from poprun_py.prepare.job import Prepared
-    from poprun_py.process.signals import Control
+    from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import InstanceCommand, RenderedJob
 
 
@@ -82,6 +82,10 @@ class LocalRun:
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every running instance's process group."""
         self.run.signal(signum)
+
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """py-spy dumps of every running instance, else SIGUSR1 (see the Supervision)."""
+        self.run.dump_stacks(request)
 
 
 def child(cmd: InstanceCommand) -> Child:

@@ -16,7 +16,9 @@ requests), and
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
 makes every agent SIGTERM its instances' groups, and SIGKILL after the grace period;
 SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once); SIGUSR1/SIGUSR2 to
-poprun-py reach every instance's process group (``sig N`` to every agent). Agents and poprun-py
+poprun-py reach every instance's process group (``sig N`` to every agent); a hung job's stacks
+are dumped by every agent (``dump F``: ``py-spy dump`` where it is on the host's PATH, else
+SIGUSR1 to those that registered faulthandler), each answering ``y IDX HOW``. Agents and poprun-py
 send each other heartbeats: a host silent for ``liveness`` seconds (dead, or off the network)
 is reported ``lost`` -- as the root cause, dated from when it was last heard -- and an agent
 that stops hearing poprun-py (closed stdin, or silence) stops its instances by itself, so a
@@ -32,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import selectors
@@ -56,7 +59,9 @@ from poprun_py.agent.client import (
 from poprun_py.backends.base import Defaults, run_to_end
 from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
 from poprun_py.process.output import Output
-from poprun_py.process.signals import Control
+from poprun_py.process.signals import Control, DumpRequest
+
+log = logging.getLogger("poprun_py.launch")
 
 if TYPE_CHECKING:
     from poprun_py.backends.session import RemoteSession
@@ -175,6 +180,8 @@ class SshRun:
         self.kill_at: float | None = None  # set when the stop begins
         self.lose_at: float | None = None  # set when SIGKILL was sent
         self.t0 = time.time()
+        self.dumping: set[int] | None = None  # a stack dump under way: the instances not done
+        self.dump_signalled = False
         self.stop_beating = threading.Event()
         self.beater = threading.Thread(
             target=self.beat, args=(self.stop_beating,), daemon=True, name="poprun-heartbeat"
@@ -261,6 +268,8 @@ class SshRun:
             self.control.drain()
             for signum in self.control.take_forwards():
                 self.signal(signum)
+            for request in self.control.take_dumps():
+                self.dump_stacks(request)
             return
         records, ended = link.receive()
         for record in records:
@@ -282,6 +291,8 @@ class SshRun:
             self.started[index] = time.time()
         elif kind in (P.EXITED, P.KILLED) and text.isdigit():
             self.exited(index, int(text), by_signal=kind == P.KILLED)
+        elif kind == P.STACKS:
+            self.stacks_dumped(link, index, text)
         elif kind in (P.FAILED, P.NOT_STARTED):
             detail = text.decode("utf-8", "replace")
             state, code = ("exited", 127) if kind == P.FAILED else ("not-started", None)
@@ -307,6 +318,7 @@ class SshRun:
         started = self.started.get(result.index, ended)
         self.results[result.index] = replace(result, started=started, ended=ended)
         self.control.ended(self.results[result.index])
+        self.stacks_dumped(None, result.index, b"")
 
     def lose(self, link: AgentLink, reason: str, when: float | None = None) -> None:
         """A host is gone: its unfinished instances are lost, dated when it was last heard
@@ -333,6 +345,32 @@ class SshRun:
     def signal(self, signum: int) -> None:
         """Every agent sends ``signum`` to its instances' process groups (``sig N``)."""
         self.send(b"sig %d" % signum)
+
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """Every agent dumps its running instances' stacks (``dump F``: py-spy where it is on
+        the host's PATH, else SIGUSR1 to those that registered faulthandler); the Control
+        hears once every unfinished instance was answered for."""
+        self.dumping = {i for i in self.hosts if i not in self.results}
+        self.dump_signalled = False
+        self.send(P.dump_line(request.faulthandler))
+        self.stacks_dumped(None, -1, b"")
+
+    def stacks_dumped(self, link: AgentLink | None, index: int, how: bytes) -> None:
+        """Instance ``index`` is answered for (``how``: its ``y`` record, b"" when it ended)."""
+        if self.dumping is None:
+            return
+        self.dumping.discard(index)
+        self.dump_signalled |= how == P.STACKS_FAULTHANDLER
+        if how == P.STACKS_NONE and link is not None:
+            log.warning(
+                "no stacks of instance %d: py-spy is not on PATH on host %s (or could not "
+                "dump it) and it did not register faulthandler (import poprun_py.dist)",
+                index,
+                link.host,
+            )
+        if not self.dumping:
+            self.dumping = None
+            self.control.dumped(self.dump_signalled)
 
     def send(self, line: bytes) -> None:
         """Send a control line to every live agent."""

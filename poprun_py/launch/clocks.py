@@ -4,17 +4,23 @@ job's ``wait``.
 
 Progress is any output line of an instance, or :func:`poprun_py.dist.heartbeat` (see
 :mod:`poprun_py.process.progress`). When an instance has been silent for the hang timeout the
-clock first asks for every instance's stacks -- SIGUSR1 through the job's
-:class:`~poprun_py.process.signals.Control` when every instance registered faulthandler (any
-program importing ``poprun_py.dist``), so the stacks land in each instance's log and on the
-terminal -- waits :data:`DUMP_WAIT` seconds for them, then stops the job with a job-level cause
+clock first asks for every instance's stacks through the job's
+:class:`~poprun_py.process.signals.Control` (a
+:class:`~poprun_py.process.signals.DumpRequest`, the same for every backend): the runner dumps
+each running instance with ``py-spy dump`` where py-spy is on the PATH of the host that runs it
+(this machine, or the host's agent), and sends SIGUSR1 to the others that registered
+faulthandler (any program importing ``poprun_py.dist``), so the stacks land in each instance's
+log and on the terminal. The clock waits for the runner's answer (at most
+:data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
+:data:`~poprun_py.process.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
+SIGUSR1 was sent, then stops the job with a job-level cause
 (:class:`~poprun_py.backends.result.JobCause`, exit 124). The thread never touches the backend
 itself: only the Control, which is thread-safe.
 
 Example:
 
     >>> from poprun_py.process.progress import Progress
-    >>> from poprun_py.process.signals import Control
+    >>> from poprun_py.process.signals import Control, DumpRequest
     >>> control, progress = Control(), Progress([0])
     >>> with Clocks(control, progress, {0: "h1"}, hang_timeout=0.05) as clocks:
     ...     _ = control.drain(), __import__("time").sleep(0.3)
@@ -26,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -35,12 +40,17 @@ from types import TracebackType
 from poprun_py.backends.result import JobCause
 from poprun_py.errors import EXIT_TIMEOUT
 from poprun_py.process.progress import Progress
-from poprun_py.process.signals import Control
+from poprun_py.process.signals import Control, DumpRequest
 
 log = logging.getLogger("poprun_py.launch")
 
-DUMP_WAIT = 1.0
-"""Seconds between asking a hung job for its stacks and stopping it."""
+DUMP_LIMIT = 1.5
+"""Seconds at most between asking a hung job for its stacks and the runner's answer."""
+DUMP_WAIT = 0.5
+"""Seconds more for faulthandler's output to arrive, when SIGUSR1 was sent (cut down to what is
+left of :data:`DUMP_LIMIT`, but at least :data:`MIN_DUMP_WAIT`): the whole dump stays within
+TICK + DUMP_LIMIT + MIN_DUMP_WAIT < 2 s of the hang being due."""
+MIN_DUMP_WAIT = 0.2
 TICK = 0.25
 """The clocks' resolution: a limit is seen at most this late."""
 
@@ -108,18 +118,22 @@ class Clocks:
         self._fire(JobCause(reason, EXIT_TIMEOUT, index))
 
     def _dump_stacks(self, reason: str) -> None:
-        """SIGUSR1 to every instance when all registered faulthandler; then a moment for the
-        stacks to arrive in the logs."""
-        if not self.progress.dumpable:
-            log.warning(
-                "%s; no stacks dumped: not every instance imported poprun_py.dist "
-                "(which registers faulthandler for SIGUSR1)",
-                reason,
-            )
-            return
-        log.warning("%s; dumping every instance's stacks (SIGUSR1, faulthandler)", reason)
-        self.control.forward(signal.SIGUSR1)
-        self._done.wait(DUMP_WAIT)
+        """Ask the runner for every instance's stacks (py-spy where installed, else SIGUSR1
+        to those that registered faulthandler) and wait, bounded, for them to arrive."""
+        faulthandler = self.progress.faulthandler
+        log.warning(
+            "%s; dumping every instance's stacks (py-spy where installed, else SIGUSR1 to "
+            "the %d that registered faulthandler)",
+            reason,
+            len(faulthandler),
+        )
+        self.control.dump(DumpRequest(faulthandler, every=self.progress.dumpable))
+        deadline = time.monotonic() + DUMP_LIMIT
+        while not self.control.wait_dumped(min(TICK, max(0.0, deadline - time.monotonic()))):
+            if self._done.is_set() or time.monotonic() >= deadline:
+                return
+        if self.control.dump_signalled:  # within the limit, but faulthandler gets a moment
+            self._done.wait(min(DUMP_WAIT, max(MIN_DUMP_WAIT, deadline - time.monotonic())))
 
     def _fire(self, cause: JobCause) -> None:
         if self.control.stopping:

@@ -13,8 +13,8 @@ Example:
     >>> p = Progress([0, 1], now=100.0)
     >>> p.seen(1, FAULTHANDLER.decode(), now=105.0)
     True
-    >>> p.stalest(now=110.0), p.dumpable
-    ((0, 10.0), False)
+    >>> p.stalest(now=110.0), p.dumpable, p.faulthandler
+    ((0, 10.0), False, frozenset({1}))
     >>> p.seen(0, "step 3", now=111.0), p.stalest(now=112.0)
     (False, (1, 7.0))
 """
@@ -67,6 +67,12 @@ class Progress:
         """When instance ``index`` was last heard (monotonic)."""
         with self._lock:
             return self._last[index]
+
+    @property
+    def faulthandler(self) -> frozenset[int]:
+        """The instances that registered faulthandler for SIGUSR1."""
+        with self._lock:
+            return frozenset(self._faulthandler)
 
     @property
     def dumpable(self) -> bool:

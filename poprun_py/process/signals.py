@@ -12,7 +12,12 @@ handler, each waking the runner's poll loop through a pipe (:attr:`Control.wake_
 - :meth:`Control.forward` -- a signal for every instance on every host (SIGUSR1/SIGUSR2 sent to
   poprun-py, or the launcher's request for stack dumps); the runner takes it with
   :meth:`Control.take_forwards` when woken and signals its instances (``Running.signal``),
-  and the job goes on.
+  and the job goes on;
+- :meth:`Control.dump` -- the launcher's request for a hung job's stacks (a
+  :class:`DumpRequest`): the runner takes it with :meth:`Control.take_dumps`, dumps every
+  running instance with ``py-spy dump`` where py-spy is installed on its host, sends SIGUSR1 to
+  the others that registered faulthandler, and says :meth:`Control.dumped` when done (the
+  launcher waits for that, bounded, with :meth:`Control.wait_dumped`).
 
 Runners report every instance's end to :meth:`Control.ended`; the launcher's policy (by default
 :func:`fail_fast`) turns a failure into :meth:`Control.stop`. So the rule "the first failure
@@ -32,6 +37,10 @@ Example:
     >>> control.arm()
     >>> control.forward(10); control.take_forwards(), control.take_forwards()
     ([10], [])
+    >>> control.dump(DumpRequest(frozenset({0}), every=True)); control.take_dumps()
+    [DumpRequest(faulthandler=frozenset({0}), every=True)]
+    >>> control.dumped(signalled=True); control.wait_dumped(0), control.dump_signalled
+    (True, True)
     >>> control.interrupt(); control.interrupts, control.stopping, control.interrupted
     (1, True, True)
     >>> control.close()
@@ -44,7 +53,8 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import InstanceResult
@@ -58,6 +68,8 @@ FORWARD_SIGNALS: tuple[int, ...] = tuple(
 )
 """The signals poprun-py passes on to every instance of a running job (the job goes on)."""
 
+T = TypeVar("T")
+
 Policy = Callable[["Control", "InstanceResult"], None]
 """Called with every instance's end; may call ``control.stop(reason)``."""
 
@@ -66,6 +78,16 @@ def fail_fast(control: Control, result: InstanceResult) -> None:
     """The default policy: the first instance that fails (or whose host is lost) stops all."""
     if result.failed:
         control.stop(f"instance {result.index} on {result.host} failed")
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    """A hung job's stacks, asked for: ``py-spy dump`` where installed; otherwise SIGUSR1 to
+    the instances in ``faulthandler`` (those that registered it; ``every``: all of them did,
+    so a launcher that can only signal every instance at once may do so)."""
+
+    faulthandler: frozenset[int]
+    every: bool
 
 
 class Control:
@@ -77,6 +99,9 @@ class Control:
         self.stop_reason: str | None = None
         self.armed = False
         self._forwards: list[int] = []
+        self._dumps: list[DumpRequest] = []
+        self._dumped = threading.Event()
+        self.dump_signalled = False  # the last dump sent SIGUSR1 to some instance
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -126,10 +151,28 @@ class Control:
 
     def take_forwards(self) -> list[int]:
         """The signals asked for since the last call, oldest first (the runner sends them)."""
-        taken = []
-        while self._forwards:
-            taken.append(self._forwards.pop(0))
-        return taken
+        return _take(self._forwards)
+
+    def dump(self, request: DumpRequest) -> None:
+        """Ask the runner for every running instance's stacks (see :class:`DumpRequest`)."""
+        self._dumped.clear()
+        self.dump_signalled = False
+        self._dumps.append(request)
+        self.wake()
+
+    def take_dumps(self) -> list[DumpRequest]:
+        """The dumps asked for since the last call (the runner does them)."""
+        return _take(self._dumps)
+
+    def dumped(self, signalled: bool) -> None:
+        """The runner has every stack it could get (``signalled``: SIGUSR1 went to some
+        instance, whose faulthandler output may still be on its way)."""
+        self.dump_signalled = signalled
+        self._dumped.set()
+
+    def wait_dumped(self, timeout: float) -> bool:
+        """True once :meth:`dumped` was said, waiting up to ``timeout`` seconds."""
+        return self._dumped.wait(timeout)
 
     def next_attempt(self) -> None:
         """A restart begins: forget the last attempt's rule stop and pending forwards (an
@@ -137,6 +180,7 @@ class Control:
         with self._lock:
             self.stop_reason = None
         self._forwards.clear()
+        self._dumps.clear()
         self.drain()
 
     def ended(self, result: InstanceResult) -> None:
@@ -160,6 +204,15 @@ class Control:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _take(queue: list[T]) -> list[T]:
+    """Everything in ``queue``, oldest first, leaving it empty (appends may go on meanwhile:
+    from a signal handler, or another thread)."""
+    taken = []
+    while queue:
+        taken.append(queue.pop(0))
+    return taken
 
 
 @contextlib.contextmanager

@@ -14,7 +14,10 @@ signal, or a program that cannot be started): then every other child's process g
 SIGTERM, and SIGKILL after the grace period. SIGINT, SIGTERM and SIGHUP to poprun-py reach the
 same Control through :mod:`poprun_py.process.signals` and stop everything the same way; a
 second one sends SIGKILL at once. SIGUSR1/SIGUSR2 forwarded through the Control go to every
-live child (:meth:`Supervision.signal`) and the run goes on.
+live child (:meth:`Supervision.signal`) and the run goes on. A hung job's stack dump
+(:meth:`Supervision.dump_stacks`) runs ``py-spy dump`` on every live child's Python processes
+from a thread (the loop goes on reading), emits the dumps as those children's stderr lines, and
+sends SIGUSR1 to the others that registered faulthandler.
 
 Nothing is left behind: poprun-py makes itself a child subreaper (Linux), so every descendant
 stays in its subtree, and once its children are gone (or at a stop) it sweeps ``/proc`` for
@@ -36,10 +39,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,10 +67,13 @@ from poprun_py.process.proctree import (
     starttime,
     subreaper,
 )
-from poprun_py.process.signals import Control, handling_signals
+from poprun_py.process.signals import Control, DumpRequest, handling_signals
+from poprun_py.process.stackdump import dump_in_background
 
 if TYPE_CHECKING:
     pass
+
+log = logging.getLogger("poprun_py.launch")
 
 RUN_ID_VAR = "POPRUN_RUN_ID"
 """Set in every child's environment; the sweep uses it to find descendants that escaped."""
@@ -286,6 +294,9 @@ class Supervision:
         self.t0 = time.time()
         self.order: dict[int, int] = {}
         self.forward: Callable[[int], None] = self.signal  # what a forwarded signal does
+        self.dumper: Callable[[DumpRequest], None] = self.dump_stacks  # what a dump request does
+        self._dumper_thread: threading.Thread | None = None
+        self._dumps: list[tuple[DumpRequest, dict[int, list[bytes] | None]]] = []
         self._stack = contextlib.ExitStack()
 
     def start(self, children: Sequence[Child]) -> None:
@@ -316,6 +327,7 @@ class Supervision:
 
     def _finish(self) -> None:
         try:
+            self._join_dumper()
             self._abort()
         finally:
             self._stack.close()
@@ -399,6 +411,49 @@ class Supervision:
             self.control.drain()
             for signum in self.control.take_forwards():
                 self.forward(signum)
+            for request in self.control.take_dumps():
+                self.dumper(request)
+            while self._dumps:
+                self._dumped(*self._dumps.pop(0))
+
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """Every live child's Python stacks with ``py-spy dump`` (on a thread, bounded by its
+        timeout), else SIGUSR1 to those that registered faulthandler (see :meth:`_dumped`)."""
+        roots = {proc.child.index: pid for pid, proc in self.live.items()}
+
+        def done(found: dict[int, list[bytes] | None]) -> None:
+            self._dumps.append((request, found))
+            self.control.wake()  # the loop emits the dumps (Output is not thread-safe)
+
+        self._join_dumper()
+        self._dumper_thread = dump_in_background(roots, done)
+
+    def _dumped(self, request: DumpRequest, found: Mapping[int, list[bytes] | None]) -> None:
+        """Emit each dump as its child's stderr; SIGUSR1 where there is none and the child
+        registered faulthandler; tell the Control."""
+        live = {proc.child.index: proc for proc in self.live.values()}
+        signalled = False
+        for index, lines in sorted(found.items()):
+            proc = live.get(index)
+            if lines is not None:
+                for line in lines:
+                    self.output.emit(index, "stderr", line)
+            elif proc is not None and index in request.faulthandler:
+                send_signal(proc.launched.pid, signal.SIGUSR1, group=proc.child.signal_group)
+                signalled = True
+            elif proc is not None:
+                log.warning(
+                    "no stacks of instance %d: py-spy could not dump it and it did "
+                    "not register faulthandler (import poprun_py.dist)",
+                    index,
+                )
+        self.control.dumped(signalled)
+
+    def _join_dumper(self) -> None:
+        """Wait for a stack dump under way (its py-spy runs are bounded by their timeout)."""
+        if self._dumper_thread is not None:
+            self._dumper_thread.join()
+            self._dumper_thread = None
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every live child: its process group, or only itself when it
@@ -486,6 +541,7 @@ class Supervision:
 
     def _sweep_leftovers(self) -> None:
         """All children are gone: stop what they left behind (TERM, grace, KILL) and reap it."""
+        self._join_dumper()  # py-spy runs are our children, not leftovers
         if not self.roots or (self.subreaper and no_children()):
             return  # a subreaper without children has no descendants left: skip the /proc walk
         found = set(self._leftovers())

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.core.topology import Topology
     from poprun_py.prepare.job import Prepared
-    from poprun_py.process.signals import Control
+    from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import RenderedJob
 
 SIGKILL = 9
@@ -59,6 +59,7 @@ class Script:
     ignores_term: bool = False  # a stop ends it only at SIGKILL, after the grace period
     output: tuple[str, ...] = ()  # stdout lines it prints when it starts
     faulthandler: bool = False  # registers faulthandler: SIGUSR1 prints a stack on stderr
+    pyspy: bool = False  # py-spy can dump it (installed on its host, ptrace allowed)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class FakeBackend(Defaults):
     attempts: Sequence[Mapping[int, Script]] = ()  # scripts of attempt k (the last repeats)
     down: Sequence[str] = ()  # hosts that fail the preflight of every session but the first
     signals: list[tuple[int, int]] = field(default_factory=list)  # (attempt, signum) sent
+    dumps: list[tuple[int, int, str]] = field(default_factory=list)  # (attempt, index, how)
     opened: list[tuple[str, ...]] = field(default_factory=list)  # each session's plan hosts
 
     def open(self, prep: Prepared, settings: RunSettings) -> FakeSession:
@@ -155,6 +157,22 @@ class FakeRunning:
             if index not in self.results and signum == SIGUSR1 and self.script(index).faulthandler:
                 self._say(index, "stderr", f"Thread 0x1 (most recent call first): fake {index}")
 
+    def dump_stacks(self, request: DumpRequest) -> None:
+        """py-spy's dump for instances scripted ``pyspy``, else SIGUSR1 to those in
+        ``request.faulthandler`` (they print a stack); recorded in the backend's ``dumps``."""
+        signalled = False
+        for index in sorted(i for i in self.hosts if i not in self.results):
+            how = "none"
+            if self.script(index).pyspy:
+                self._say(index, "stderr", f'Thread {index} (idle): "MainThread"')
+                self._say(index, "stderr", f"    hang (fake.py:{index})")
+                how = "py-spy"
+            elif index in request.faulthandler:
+                self._say(index, "stderr", f"Thread 0x1 (most recent call first): fake {index}")
+                how, signalled = "faulthandler", True
+            self.backend.dumps.append((self.attempt, index, how))
+        self.control.dumped(signalled)
+
     def _say(self, index: int, stream: str, line: str) -> None:
         if self.options.progress is not None:
             self.options.progress.seen(index, line)
@@ -177,6 +195,8 @@ class FakeRunning:
             self.control.drain()
             for signum in self.control.take_forwards():
                 self.signal(signum)
+            for request in self.control.take_dumps():
+                self.dump_stacks(request)
         ordered = tuple(self.results[i] for i in sorted(self.results))
         return LaunchResult(ordered, self.control.interrupted, time.monotonic() - self.t0)
 

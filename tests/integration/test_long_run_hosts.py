@@ -51,6 +51,21 @@ while True:
     time.sleep(0.2)
 """
 
+HANG_IN_A_FUNCTION = """
+import os, time
+import poprun_py.dist
+
+def wait_for_the_loader():
+    time.sleep(300)  # hung: no output, no heartbeat
+
+print("start", flush=True)
+if os.environ["RANK"] == "2":
+    wait_for_the_loader()
+while True:
+    poprun_py.dist.heartbeat()
+    time.sleep(0.2)
+"""
+
 FAIL_FIRST = 'echo "attempt $POPRUN_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $RANK"; '
 
 
@@ -203,12 +218,15 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
 ) -> None:
     spec = spec_for(test_cluster_4, tmp_path)  # grace period 2 s
     program = tmp_path / "hang.py"
-    program.write_text(HANG)
+    program.write_text(HANG_IN_A_FUNCTION)
     logs = tmp_path / "logs"
     hang, grace = 3.0, 2.0
     args = launch_args(
         spec, "ssh", 4, "--hang-timeout", "3", "-o", str(logs), "--", PY, str(program)
     )
+    # the hosts' sessions get this PATH (the cluster's sshd), so their agents find the venv's
+    # py-spy and dump every instance with it
+    assert (Path(PY).parent / "py-spy").exists() and str(Path(PY).parent) in os.environ["PATH"]
     run = started(args, tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     silent_since = run.wait_for(r":2\] start$", 1)
     code, _, err = run.finish()
@@ -219,11 +237,13 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
     assert f"instance 2 on {hung} hung (no progress for 3 s)" in err
     for i in range(4):
         log = (logs / f"instance-{i}.log").read_text()
-        assert "most recent call first" in log, (i, log)
+        assert re.search(r"^Thread \d+ \(idle\)", log, re.M), (i, log)  # py-spy's dump
+        assert "most recent call first" not in log  # so no SIGUSR1
         assert "poprun-py:" not in log  # the heartbeat markers are swallowed
-    assert 'File "' + str(program) + '", line 6' in (logs / "instance-2.log").read_text()
-    assert "most recent call first" in err  # and on the terminal (stderr)
-    only_sshd(test_cluster_4)
+    hung_log = (logs / "instance-2.log").read_text()
+    assert re.search(r"^ +wait_for_the_loader \(hang\.py:6\)$", hung_log, re.M), hung_log
+    assert re.search(r":2\] +wait_for_the_loader \(hang\.py:6\)$", err, re.M)  # on stderr
+    only_sshd(test_cluster_4)  # py-spy included
 
 
 # ---------------------------------------------------------------- a host cut off, a spare

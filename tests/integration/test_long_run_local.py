@@ -9,14 +9,28 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from tests.integration.test_long_run_hosts import HANG, WAIT_USR1, started
+from poprun_py.backends.external import LauncherRun
+from poprun_py.backends.result import RunOptions
+from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.signals import Control, DumpRequest
+from poprun_py.process.supervise import Child, Supervision
+from tests.integration.test_long_run_hosts import HANG, HANG_IN_A_FUNCTION, WAIT_USR1, started
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+WITH_PYSPY = {**ENV, "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ['PATH']}"}  # the venv's
+WITHOUT_PYSPY = {
+    **ENV,
+    "PATH": os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "py-spy").exists()
+    ),
+}
 
 
 def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -113,40 +127,104 @@ def test_usr1_reaches_every_local_instance(tmp_path: Path) -> None:
     assert sorted(re.findall(r"got usr1 (\d)", out)) == ["0", "1", "2"]
 
 
-def test_a_local_hang_is_caught_with_stacks_and_a_timeout_is_124(tmp_path: Path) -> None:
-    program = tmp_path / "hang.py"
-    program.write_text(HANG)
+def hang_locally(tmp_path: Path, program: str, env: dict[str, str]) -> tuple[int, str, Path]:
+    """A 3-instance local job whose instance 2 hangs (--hang-timeout 2, grace 1): its exit
+    code, stderr and log directory, after checking it ended within S + grace + 2 s and that
+    nothing it started (py-spy included) is left running."""
+    (tmp_path / "hang.py").write_text(program)
     logs = tmp_path / "logs"
-    run = started(
-        [
-            "launch",
-            "--hosts",
-            "localhost",
-            "-n",
-            "3",
-            "-r",
-            "3",
-            "--hang-timeout",
-            "2",
-            "--grace-period",
-            "1",
-            "-o",
-            str(logs),
-            "--",
-            PY,
-            str(program),
-        ],
-        tmp_path,
-        env=ENV,
-    )
+    argv = ["launch", "--hosts", "localhost", "-n", "3", "-r", "3", "--hang-timeout", "2"]
+    argv += ["--grace-period", "1", "-o", str(logs), "--", PY, str(tmp_path / "hang.py")]
+    run = started(argv, tmp_path, env=env)
     since = run.wait_for(r":2\] start$", 1)
     code, _, err = run.finish()
-    assert code == 124 and time.monotonic() - since <= 2 + 1 + 2
+    assert time.monotonic() - since <= 2 + 1 + 2
     assert "instance 2 on localhost hung (no progress for 2 s)" in err
+    assert strays(str(tmp_path / "hang.py")) == [] and strays("py-spy dump") == []
+    return code, err, logs
+
+
+def strays(mark: str) -> list[str]:
+    """Command lines of live processes that contain ``mark`` (this test's only)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if mark in cmdline and int(pid) != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+def test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr(
+    tmp_path: Path,
+) -> None:
+    code, err, logs = hang_locally(tmp_path, HANG_IN_A_FUNCTION, WITH_PYSPY)
+    assert code == 124
+    hung = (logs / "instance-2.log").read_text()
+    assert re.search(r"^Process \d+: .*hang\.py$", hung, re.M), hung  # py-spy's header
+    assert re.search(r"^Thread \d+ \(idle\)", hung, re.M), hung
+    assert re.search(r"^ +wait_for_the_loader \(hang\.py:6\)$", hung, re.M), hung
+    assert re.search(r":2\] +wait_for_the_loader \(", err), err  # on the terminal, tagged
+    for i in range(3):
+        log = (logs / f"instance-{i}.log").read_text()
+        assert "Thread " in log and "most recent call first" not in log, (i, log)  # no SIGUSR1
+
+
+def test_without_py_spy_a_local_hang_falls_back_to_faulthandler(tmp_path: Path) -> None:
+    code, _, logs = hang_locally(tmp_path, HANG, WITHOUT_PYSPY)
+    assert code == 124
     assert all(
         "most recent call first" in (logs / f"instance-{i}.log").read_text() for i in range(3)
     )
+    assert (
+        'File "' + str(tmp_path / "hang.py") + '", line 6' in (logs / "instance-2.log").read_text()
+    )
+
+
+def test_a_timeout_is_124(tmp_path: Path) -> None:
     timed = poprun(
         "launch", "--hosts", "localhost", "--timeout", "1s", "--", "sleep", "30", cwd=tmp_path
     )
     assert timed.returncode == 124 and "timed out after 1 s" in timed.stderr
+
+
+def started_launcher(output: Output, control: Control, child: Child) -> Supervision:
+    run = Supervision(output, 1.0, None, None, control)
+    run.start([child])
+    return run
+
+
+def test_under_a_launcher_a_dump_is_sigusr1_only_when_every_instance_registered_faulthandler(
+    tmp_path: Path,
+) -> None:
+    """mpirun/mpiexec/srun: the ranks run under the launcher's daemons, out of py-spy's reach
+    from here; the launcher gets SIGUSR1 (it passes it on) only when no rank would die of it."""
+    lines: list[str] = []
+    control = Control()
+    output = Output(RunOptions(sink=lambda i, s, line: lines.append(line)), {})
+    script = "trap 'echo usr1' USR1; echo ready; while :; do sleep 0.05; done"
+    child = Child(LAUNCHER_INDEX, "localhost", ("sh", "-c", script), signal_group=False)
+    run = LauncherRun(
+        started_launcher(output, control, child), ExitStack(), lambda s: s.launch_result()
+    )
+    answers: list[bool] = []
+
+    def ask() -> None:
+        deadline = time.monotonic() + 30
+        while "ready" not in lines and time.monotonic() < deadline:
+            control.wait_dumped(0.01)
+        for every in (False, True):
+            control.dump(DumpRequest(frozenset({0}), every=every))
+            answers.append(control.wait_dumped(10) and control.dump_signalled)
+        while "usr1" not in lines and time.monotonic() < deadline:
+            control.wait_dumped(0.01)
+        control.stop("done")
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    run.wait()
+    asker.join()
+    control.close()
+    assert answers == [False, True] and lines.count("usr1") == 1

@@ -29,7 +29,7 @@ from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.prepare.discover import discover_local
-from poprun_py.process import supervise
+from poprun_py.process import stackdump, supervise
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render import job as render
 from poprun_py.ssh.pool import ConnectionPool
@@ -206,6 +206,48 @@ def test_agent_reports_a_program_that_cannot_start() -> None:
     job = {"instances": [{"index": 2, "argv": ["/no/such/prog"], "env": {}, "cwd": None}]}
     out = finish(agent(job))
     assert records(out) == ["f 2 cannot start '/no/such/prog': No such file or directory", "d"]
+
+
+def test_agent_dumps_stacks_with_py_spy_else_sigusr1_to_faulthandler_instances(
+    tmp_path: Path,
+) -> None:
+    pyspy = tmp_path / "py-spy"
+    pyspy.write_text('#!/bin/sh\necho "Process $3: fake"\necho \'Thread 1 (idle): "Main"\'\n')
+    pyspy.chmod(0o755)
+    python = f"{PY} -c 'import time; time.sleep(30)'; true"  # a wrapper around Python
+    argvs = [["sh", "-c", python], ["sleep", "30"], ["sleep", "30"]]
+    job = {
+        "instances": [{"index": i, "argv": a, "env": {}, "cwd": None} for i, a in enumerate(argvs)]
+    }
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        [PY, "-m", "poprun_py.agent.host"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"job " + json.dumps(job).encode() + b"\n")
+    proc.stdin.flush()
+    pids = dict(proc.stdout.readline().decode().split()[1:] for _ in range(3))
+    deadline = time.monotonic() + 10
+    pythons: list[int] = []
+    while not pythons and time.monotonic() < deadline:  # the wrapper starts its python
+        pythons = stackdump.python_processes(int(pids["0"]))
+    proc.stdin.write(b"dump 1\n")
+    proc.stdin.flush()
+    got: list[str] = []
+    want = {"y 0 py-spy", "y 1 faulthandler", "y 2 none", "k 1 10"}
+    while not want <= set(got) and time.monotonic() < deadline:  # heartbeats keep it moving
+        got.append(proc.stdout.readline().decode().rstrip("\n"))
+    proc.stdin.write(b"term\n")
+    proc.stdin.flush()
+    recs = got + records(finish(proc))
+    assert want <= set(recs)
+    spy = [r for r in recs if r.startswith("e 0 ")]  # the python's stacks, not the sh's
+    assert spy == [f"e 0 Process {pythons[0]}: fake", 'e 0 Thread 1 (idle): "Main"']
+    assert recs[-1] == "d" and proc.returncode == 0
 
 
 @pytest.mark.parametrize("how", ["stdin closed", "heartbeats stop"])

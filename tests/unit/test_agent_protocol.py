@@ -16,6 +16,8 @@ def test_records_round_trip() -> None:
     assert P.parse(P.record(P.EXITED, 0, 3)) == (P.EXITED, 0, b"3")
     assert P.parse(P.HEARTBEAT_LINE)[1] == -1 and P.parse(P.DONE)[0] == P.DONE
     assert P.parse(b"o x noise")[1] == -1
+    for indexes in (frozenset(), frozenset({3}), frozenset({0, 12, 5})):
+        assert P.dump_indexes(P.dump_line(indexes)) == indexes
 
 
 def test_the_shipped_agent_carries_the_protocol_module_itself() -> None:
@@ -23,7 +25,7 @@ def test_the_shipped_agent_carries_the_protocol_module_itself() -> None:
     assert b"from poprun_py" not in source
     tree = ast.parse(source, feature_version=(3, 7))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert {"record", "parse", "bound"} <= defined
+    assert {"record", "parse", "bound", "dump_in_background", "dump_line"} <= defined
     for line in Path(P.__file__).read_text().splitlines():
         if " = " in line and not line.startswith(" "):  # every constant, as written
             assert line in source.decode()

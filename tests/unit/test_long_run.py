@@ -114,17 +114,31 @@ def test_a_hang_dumps_every_stack_then_stops_with_the_hung_instance_named() -> N
     assert time.monotonic() - started < 0.5 + 0.3 + 2
     assert result.cause is not None and result.exit_code == EXIT_TIMEOUT
     assert result.cause.reason == "instance 0 on h1 hung (no progress for 0.5 s)"
-    assert fake.signals == [(0, signal.SIGUSR1)]
+    assert fake.dumps == [(0, i, "faulthandler") for i in range(4)]  # no py-spy: SIGUSR1
     stacks = {i for i, stream, line in lines if "most recent call first" in line}
     assert stacks == {0, 1, 2, 3}
     assert not any("poprun-py:" in line for _, _, line in lines)  # markers swallowed
 
 
-def test_no_stack_signal_when_not_every_instance_registered_faulthandler() -> None:
+def test_a_hang_is_dumped_by_py_spy_where_it_can_and_by_faulthandler_elsewhere() -> None:
+    lines: list[tuple[int, str, str]] = []
+    scripts = {i: Script(hang=True, faulthandler=i != 3, pyspy=i < 2) for i in range(4)}
+    fake = FakeBackend(scripts)
+    settings = RunSettings(sink=lambda i, s, line: lines.append((i, s, line)))
+    result = launch(prepared(hang_timeout=0.3), settings, backend=fake)
+    assert result.exit_code == EXIT_TIMEOUT and fake.signals == []
+    hows = ["py-spy", "py-spy", "faulthandler", "none"]
+    assert fake.dumps == [(0, i, how) for i, how in enumerate(hows)]
+    assert {i for i, s, line in lines if '(idle): "MainThread"' in line and s == "stderr"} == {0, 1}
+    assert {i for i, _, line in lines if "most recent call first" in line} == {2}
+
+
+def test_no_stack_signal_to_instances_that_did_not_register_faulthandler() -> None:
     scripts = {i: Script(hang=True, faulthandler=i != 2) for i in range(4)}
     fake = FakeBackend(scripts)
     result = launch(prepared(hang_timeout=0.3), RunSettings(), backend=fake)
     assert result.exit_code == EXIT_TIMEOUT and fake.signals == []
+    assert [how for _, i, how in fake.dumps if i == 2] == ["none"]
 
 
 def test_output_is_progress() -> None:
