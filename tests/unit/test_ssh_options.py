@@ -12,13 +12,12 @@ import pytest
 import typer.main
 
 from poprun_py.cli.app import app
-from poprun_py.prepare.specfile import target_cluster
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.spec import SshOptions, cluster_from_hosts
 from poprun_py.errors import UsageError
 from poprun_py.launch import launcher
 from poprun_py.prepare.job import LaunchOptions, prepare, ssh_settings
-from poprun_py.prepare.specfile import parse_cluster
+from poprun_py.prepare.specfile import parse_cluster, target_cluster
 
 SSH_OPTIONS = {
     "--ssh-config",
