@@ -57,14 +57,17 @@ def jobs_root() -> str:
 
 
 def pid_start(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (its start time, in clock ticks since boot), or None."""
+    """Field 22 of /proc/PID/stat (its start time, in clock ticks since boot); None when the
+    process is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except (OSError, ValueError, TypeError):
         return None
     fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else None
+    if len(fields) <= 19 or fields[0] in (b"Z", b"X"):
+        return None  # a zombie has ended: it only waits to be reaped
+    return fields[19].decode()
 
 
 def alive(record: Record) -> bool:

@@ -418,3 +418,31 @@ def test_one_key_up_twice_reuses_the_cluster_then_down_removes_it(
     assert gone.returncode == 0, gone.stderr
     assert_all_gone(cluster_name)
     assert list(state_dir.iterdir()) == []
+
+
+def test_one_key_detached_is_torn_down_by_the_supervisor_when_the_job_ends(
+    cluster_name: str, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "jobs-state"))
+    go = tmp_path / "go"
+    text = (
+        "import os, pathlib, time\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+        "print('rank', os.environ['RANK'], 'done')\n"
+    )
+    spec = write_spec(tmp_path / "c.yaml", cluster_name, 2, "true")
+    program = job(tmp_path, text)
+    argv = ["-c", str(spec), "--up", "--down", "--detach", "-n", "2", sys.executable, str(program)]
+    proc = cli("launch", *argv)
+    assert proc.returncode == 0, proc.stderr
+    assert f"cluster {cluster_name} is removed when the job ends" in proc.stderr
+    job_id = proc.stdout.splitlines()[-1]
+    assert len(namespaces(cluster_name)) == 2  # up while the job runs, without the client
+    go.touch()
+    waited = cli("wait", job_id)
+    assert waited.returncode == 0, waited.stderr
+    logs = cli("logs", job_id).stdout
+    assert "rank 0 done" in logs and "rank 1 done" in logs
+    assert f"cluster {cluster_name} is down" in logs
+    assert_all_gone(cluster_name)
+    assert list(state_dir.iterdir()) == []
