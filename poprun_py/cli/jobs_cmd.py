@@ -101,11 +101,15 @@ def logs_cmd(
     until the job ends; Ctrl-C stops the following, not the job)."""
     from poprun_py.jobs.record import log_locations
 
+    if instance is None:  # one call on the host: its output, no record needed first
+        from poprun_py.jobs.finder import job_host
+        from poprun_py.jobs.record import check_job_id
+
+        with job_host(check_job_id(job_id), hosts, cluster, shown=False) as (host, _):
+            if not host.follow(job_id, "output.log", follow, _raw_writer()):
+                raise UsageError(f"unknown job {job_id}: host {host.name} has no such job")
+        return
     with _job_host(job_id, hosts, cluster) as (host, record):
-        if instance is None:
-            write = _raw_writer()
-            host.follow(job_id, "output.log", follow, write)
-            return
         if not 0 <= instance < len(record.instances):
             raise UsageError(
                 f"logs --instance {instance}: job {job_id} has {len(record.instances)} "
@@ -189,8 +193,9 @@ def _job_host(
     from poprun_py.jobs.finder import job_host
     from poprun_py.jobs.record import check_job_id
 
-    with job_host(check_job_id(job_id), hosts, cluster) as found:
-        yield found
+    with job_host(check_job_id(job_id), hosts, cluster) as (host, record):
+        assert record is not None
+        yield host, record
 
 
 @app.command("supervise", hidden=True)

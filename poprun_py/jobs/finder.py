@@ -38,19 +38,19 @@ def record_of(data: dict[str, Any]) -> JobRecord:
 
 @contextlib.contextmanager
 def job_host(
-    job_id: str, hosts: str | None, cluster: str | None
-) -> Iterator[tuple[JobHost, JobRecord]]:
-    """The host running ``job_id``'s supervisor and the job's record; UsageError (exit 2)
-    for a job nobody knows."""
+    job_id: str, hosts: str | None, cluster: str | None, *, shown: bool = True
+) -> Iterator[tuple[JobHost, JobRecord | None]]:
+    """The host running ``job_id``'s supervisor and (``shown``, else None when the registry
+    names the host) the job's record; UsageError (exit 2) for a job nobody knows."""
     entry = registry.find(job_id)
     if entry is not None and entry.local:
-        yield _shown(LocalJobHost(), job_id)
+        yield _shown(LocalJobHost(), job_id, shown)
         return
     if entry is not None:
         spec = _cluster(entry.hosts, registry.cluster_copy(entry))
         with _pool(spec, SshOptions(**entry.ssh), [entry.supervisor]) as pool:
             conn = pool.open_all()[entry.supervisor]
-            yield _shown(RemoteJobHost(conn), job_id)
+            yield _shown(RemoteJobHost(conn), job_id, shown)
         return
     if hosts or cluster:
         with _pool(_cluster(hosts, cluster), SshOptions()) as pool:
@@ -71,7 +71,9 @@ def job_host(
     )
 
 
-def _shown(host: JobHost, job_id: str) -> tuple[JobHost, JobRecord]:
+def _shown(host: JobHost, job_id: str, shown: bool = True) -> tuple[JobHost, JobRecord | None]:
+    if not shown:
+        return host, None
     data = host.call("show", job_id)
     if data is None:
         raise UsageError(f"unknown job {job_id}: host {host.name} has no such job any more")

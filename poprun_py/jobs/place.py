@@ -5,7 +5,7 @@ in-process and the supervisor is this same interpreter, started in a session of 
 :class:`RemoteJobHost` is one SSH connection: each operation runs ``hostops``'s source with the
 host's ``python3 -S`` on a channel of its own (as the agent is started: nothing to install for
 ``jobs``, ``logs``, ``stop`` and ``wait``), and the supervisor is ``python -m poprun_py
-supervise ID`` of the first interpreter there that imports poprun_py. Either way the
+supervise ID`` of this interpreter's path there (else ``python3``). Either way the
 supervisor reads its job record on stdin, the values of ``--env NAME`` secrets arrive in its
 environment (over the channel's stdin for a remote host: :func:`poprun_py.ssh.commands.env_block`),
 and it answers on stdout once every instance runs (:data:`READY`), or fails with one line on
@@ -41,13 +41,11 @@ if TYPE_CHECKING:
 READY = "poprun-py-supervisor: running"
 """The supervisor's one line on stdout once every instance of its job runs."""
 SUPERVISOR_START = (
-    'for p in "$1" python3; do if command -v "$p" >/dev/null 2>&1 && "$p" -c "import poprun_py" '
-    '2>/dev/null; then exec "$p" -m poprun_py supervise "$2"; fi; done; '
-    'echo "no python here imports poprun_py (tried $1 and python3): install poprun-py on the '
-    'first host to run detached jobs there" >&2; exit 127'
+    'if [ -x "$1" ]; then p=$1; else p=python3; fi; exec "$p" -m poprun_py supervise "$2"'
 )
-"""Runs the supervisor with the first interpreter that has poprun-py: this one's path, then
-``python3``."""
+"""Runs the supervisor with this interpreter's path where it exists there, else ``python3``
+(no separate probe: one interpreter start; a missing poprun-py is its one line)."""
+NOT_INSTALLED = "No module named poprun_py"
 HOSTOPS_START = (
     'for p in /usr/bin/python3 python3; do if command -v "$p" >/dev/null 2>&1; then '
     'exec "$p" -S -c "$0" "$@"; fi; done; echo "poprun-py: no python3 on PATH" >&2; exit 127'
@@ -164,9 +162,14 @@ def _check_started(host: str, code: int, out: str, err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     message = lines[-1] if lines else f"the supervisor on {host} ended (exit code {code})"
     message = message.removeprefix("poprun-py: error: ").removeprefix("poprun-py: ")
-    if code == 127:
+    if code == 127 or NOT_INSTALLED in err:
         from poprun_py.errors import Fault
 
+        if NOT_INSTALLED in err:
+            message = (
+                f"{message}: install poprun-py there (the same path as here, or for python3) "
+                "to supervise detached jobs on it"
+            )
         raise PreflightError([Fault(host, "supervisor", message)])
     error = PoprunError(message)
     error.exit_code = code or 1

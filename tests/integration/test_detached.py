@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,4 +145,33 @@ def test_a_lost_registry_loses_no_job_and_secrets_stay_off_disk(
     row = next(r for r in jobs(tmp_path, "-c", str(spec)) if r["id"] == job)
     for path in Path(str(row["job_dir"])).rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+    only_sshd(test_cluster_4)
+
+
+def test_the_job_goes_on_while_the_client_is_cut_off_the_network(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    from poprun_py.jobs.hostops import jobs_root
+
+    spec = spec_for(test_cluster_4, tmp_path)
+    job = detached(spec, tmp_path, "sh", "-c", wait_go(tmp_path) + 'echo "done $RANK"')
+    record = Path(jobs_root()) / job / "job.json"  # the first host's file (one file system)
+    cuts = [["ip", "route", "add", "prohibit", f"{h.address}/32"] for h in test_cluster_4.hosts]
+    for cut in cuts:  # this machine's packets to the hosts are refused; theirs still flow
+        subprocess.run(cut, check=True)
+    try:
+        with pytest.raises(OSError):  # this machine cannot reach the hosts any more
+            socket.create_connection((test_cluster_4.hosts[0].address, 22), timeout=1).close()
+        (tmp_path / "go").touch()
+        deadline = time.monotonic() + 30
+        while json.loads(record.read_text())["state"] == "running":
+            assert time.monotonic() < deadline, "the job did not end without its client"
+            time.sleep(0.05)
+        assert json.loads(record.read_text())["state"] == "succeeded"
+    finally:
+        for cut in cuts:
+            subprocess.run(["ip", "route", "del", *cut[3:]], check=True)
+    waited = poprun("wait", job, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert poprun("logs", job, cwd=tmp_path).stdout.count("] done ") == 4
     only_sshd(test_cluster_4)

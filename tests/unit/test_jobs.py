@@ -162,3 +162,15 @@ def test_the_registry_remembers_how_to_reach_a_job_and_keeps_its_spec(tmp_path: 
     copy = registry.cluster_copy(entry, tmp_path / "reg")
     assert copy is not None and Path(copy).read_text() == "name: c\nhosts: [{name: h1}]\n"
     assert registry.find("c-2", tmp_path / "reg") is None
+
+
+def test_a_first_host_without_poprun_py_is_a_preflight_fault_naming_it() -> None:
+    from poprun_py.errors import EXIT_PREFLIGHT, PreflightError
+    from poprun_py.jobs.place import _check_started
+
+    err = "/usr/bin/python3: No module named poprun_py\n"
+    with pytest.raises(PreflightError) as caught:
+        _check_started("h1", 1, "", err)
+    assert caught.value.exit_code == EXIT_PREFLIGHT
+    assert "h1" in str(caught.value) and "install poprun-py there" in str(caught.value)
+    assert _check_started("h1", 0, "poprun-py-supervisor: running /tmp/j\n", "") == "/tmp/j"
