@@ -239,10 +239,11 @@ def _take_down(spec_path: str, recorder: Recorder) -> None:
     from poprun_py.cli import report_error
     from poprun_py.cli.onekey import take_down
     from poprun_py.errors import PoprunError
-    from poprun_py.jobs.supervisor import launch_options
+    from poprun_py.jobs.supervisor import launch_options, spec_here
     from poprun_py.prepare.specfile import load_cluster
 
     try:
-        take_down(load_cluster(spec_path), launch_options(recorder))
+        spec = load_cluster(spec_here(recorder, spec_path, "down") or spec_path)
+        take_down(spec, launch_options(recorder))
     except PoprunError as exc:
         report_error(exc)

@@ -89,8 +89,9 @@ def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> Job
         "down": options.down and os.path.abspath(options.down),
         "grace_period": prep.grace_period,
     }
-    if cluster:
-        extra["cluster_text"] = Path(cluster).read_text(encoding="utf-8")
+    for key, path in (("cluster", cluster), ("down", extra["down"])):
+        if path:
+            extra[f"{key}_text"] = Path(path).read_text(encoding="utf-8")
     plan = prep.plan
     return JobRecord(
         id=new_job_id(plan.cluster.name),

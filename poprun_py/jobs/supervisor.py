@@ -120,18 +120,26 @@ def launch_options(recorder: Recorder) -> LaunchOptions:
     values = dict(extra.get("launch") or {})
     for name in ("program", "inputs", "env"):
         values[name] = tuple(values.get(name) or ())
-    cluster = values.get("cluster")
-    if cluster and not os.path.isfile(cluster) and extra.get("cluster_text") is not None:
-        copy = recorder.job_dir / "cluster.yaml"
-        if not copy.exists():
-            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(extra["cluster_text"])
-        values["cluster"] = str(copy)
+    values["cluster"] = spec_here(recorder, values.get("cluster"), "cluster")
     workdir = values.get("workdir")
     if workdir and os.path.isdir(workdir):
         os.chdir(workdir)
     return LaunchOptions(**values)
+
+
+def spec_here(recorder: Recorder, path: str | None, key: str) -> str | None:
+    """A cluster spec the client named (``key``: ``cluster`` or ``down``): its path when it
+    exists on this host, else the copy of its text the record carries, written into the job's
+    directory (mode 0600)."""
+    text = recorder.record.options.get(f"{key}_text")
+    if not path or os.path.isfile(path) or text is None:
+        return path
+    copy = recorder.job_dir / f"{key}.yaml"
+    if not copy.exists():
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return str(copy)
 
 
 def _detach(log: Path) -> None:

@@ -446,3 +446,31 @@ def test_one_key_detached_is_torn_down_by_the_supervisor_when_the_job_ends(
     assert f"cluster {cluster_name} is down" in logs
     assert_all_gone(cluster_name)
     assert list(state_dir.iterdir()) == []
+
+
+def test_one_key_detached_on_static_hosts_cleans_them_from_the_first_host(
+    make_test_cluster: MakeCluster, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "jobs-state"))
+    cluster = make_test_cluster(2, "pz")
+    name = f"sz{os.getpid()}"
+    hosts = "".join(
+        f"  - {{name: {h.name}, address: {h.address}, user: root}}\n" for h in cluster.hosts
+    )
+    spec = tmp_path / "static.yaml"
+    spec.write_text(
+        f"name: {name}\nprovider: {{kind: static}}\nsetup: hostname\nhosts:\n{hosts}"
+        f"ssh: {{known_hosts: {cluster.known_hosts}, identity_file: {cluster.identity_file}}}\n"
+        "defaults: {backend: ssh}\n"
+    )
+    program = job(tmp_path, "import os\nprint('rank', os.environ['RANK'], 'done')\n")
+    argv = ["-c", str(spec), "--up", "--down", "--detach", "-n", "2", sys.executable, str(program)]
+    proc = cli("launch", *argv)
+    assert proc.returncode == 0, proc.stderr
+    assert f"supervised on host {cluster.hosts[0].name}" in proc.stderr
+    job_id = proc.stdout.splitlines()[-1]
+    waited = cli("wait", job_id)
+    assert waited.returncode == 0, waited.stderr
+    assert f"cluster {name} is down" in cli("logs", job_id).stdout
+    assert not (Path.home() / MARKER_ROOT / name).exists()  # cleaned by the supervisor
+    assert all(host_pids(h.netns) for h in cluster.hosts)  # the machines themselves stay
