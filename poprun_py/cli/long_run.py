@@ -116,7 +116,6 @@ Detach = Annotated[
     bool,
     typer.Option(
         "--detach",
-        "-d",
         rich_help_panel=H_LONG,
         help="Hand the job to a supervisor on its first host (this machine for --backend "
         "local) and return once every instance runs, printing the job id; the job keeps every "
