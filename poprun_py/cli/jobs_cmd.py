@@ -173,11 +173,15 @@ def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) ->
 @app.command("wait")
 def wait_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
     """Wait for a detached job to end; exit with its exit code."""
-    from poprun_py.jobs.record import from_json, observed
+    from poprun_py.jobs.finder import job_host, record_of
+    from poprun_py.jobs.record import check_job_id
 
-    with _job_host(job_id, hosts, cluster) as (host, record):
-        data = host.call("wait", job_id) if record.active else None
-    final = observed(from_json(data), supervisor_alive=data["alive"]) if data else record
+    # until the supervisor is gone, not merely the job: --down's teardown comes after the job
+    with job_host(check_job_id(job_id), hosts, cluster, shown=False) as (host, _):
+        data = host.call("wait", job_id)
+    if data is None:
+        raise UsageError(f"unknown job {job_id}: host {host.name} has no such job")
+    final = record_of(data)
     code = final.exit_code if final.exit_code is not None else EXIT_LOST
     detail = f": {final.reason}" if final.reason else ""
     sys.stderr.write(f"poprun-py: job {job_id} {final.state} (exit code {code}){detail}\n")

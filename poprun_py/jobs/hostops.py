@@ -125,7 +125,7 @@ def follow(root: str, job_id: str, name: str, keep_following: bool, write: Write
             if chunk:
                 write(chunk)
                 continue
-            if not keep_following:
+            if not keep_following or _abandoned():
                 return True
             record = load(root, job_id)
             if record is None or not record["alive"]:
@@ -149,10 +149,19 @@ def _open(path: str) -> BinaryIO | None:
 def wait(root: str, job_id: str) -> Record | None:
     """Block until the job's supervisor is gone; its record (None: no such job)."""
     record = load(root, job_id)
-    while record is not None and record["alive"]:
+    while record is not None and record["alive"] and not _abandoned():
         time.sleep(POLL)
         record = load(root, job_id)
     return record
+
+
+_PARENT = os.getppid()
+
+
+def _abandoned() -> bool:
+    """True once whoever started this process is gone (the SSH session of a client that was
+    interrupted): a follow or a wait then ends instead of lingering until the job does."""
+    return __name__ == "__main__" and os.getppid() != _PARENT
 
 
 def stop(root: str, job_id: str, grace: float) -> Record | None:

@@ -76,6 +76,23 @@ def test_a_detached_job_runs_on_4_hosts_without_its_client(
     assert "start" in follower.stdout.readline()
     follower.send_signal(signal.SIGKILL)
     follower.wait(timeout=10)
+    # Ctrl-C stops the following, not the job, and leaves no reader on the host
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "logs", "-f", job],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert follower.stdout is not None
+    assert "start" in follower.stdout.readline()
+    follower.send_signal(signal.SIGINT)
+    assert follower.wait(timeout=10) == 130
+    deadline = time.monotonic() + 5
+    while marked_on(first, f"follow {job}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked_on(first, f"follow {job}") == []
+    assert state_of(tmp_path, job) == "running"
     (tmp_path / "go").touch()
     logs = poprun("logs", "-f", job, cwd=tmp_path)
     assert logs.returncode == 0, logs.stderr
