@@ -88,3 +88,58 @@ def test_devices_are_counted_in_the_hosts_sysfs() -> None:
     assert check_devices(env, dgx) == (True, "6,7")
     mi300 = dgx.replace("dgx-h100", "amd-mi300x")
     assert check_devices({"POPRUN_DEVICES": "8", "ROCR_VISIBLE_DEVICES": "8"}, mi300)[0] is False
+
+
+def test_reports_are_written_as_json_dumps_writes_them() -> None:
+    import json
+    import random
+
+    from poprun_py.check_instance import dumps
+
+    rng = random.Random(15)
+    alphabet = 'ab"\\\n\r\t\b\f\x00\x1f\x7f é€😀\udcff/'
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        report = {
+            "error": text,
+            text: [rng.randrange(-5, 5), rng.random() * 10 ** rng.randrange(-6, 6)],
+            "ok": rng.random() < 0.5,
+            "gloo": None,
+            "bw": float("inf"),
+        }
+        assert dumps(report) == json.dumps(report, sort_keys=True)
+        assert json.loads(dumps(report))["error"] == text
+
+
+def test_instances_check_against_rank_0_and_the_missing_rank_is_named() -> None:
+    """Instances in threads of this process, over real sockets: all pass; with a rank that
+    never connects, the others report it missing at the deadline, and it alone is named."""
+    import socket
+    import threading
+
+    from poprun_py.check_instance import run
+
+    def check(ranks: range, timeout: float) -> dict[int, dict[str, Any]]:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = str(free.getsockname()[1])
+        env = {"WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        reports: dict[int, dict[str, Any]] = {}
+
+        def one(rank: int) -> None:
+            reports[rank] = run({**env, "RANK": str(rank)}, timeout)
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return reports
+
+    good = check(range(3), 5.0)
+    assert [good[r]["ok"] for r in range(3)] == [True, True, True], good
+    assert all(good[r]["latency_ms"] >= 0 and good[r]["bandwidth_MBps"] > 0 for r in range(3))
+    partial = check(range(2), 0.5)
+    assert [partial[r].get("missing") for r in range(2)] == [[2], [2]], partial
+    three = make_plan(cluster_from_hosts(parse_hosts("h[1-3]")), JobSpec(("x",), replicas=3))
+    assert [f.host for f in judge(three, partial).faults] == ["h3"]
