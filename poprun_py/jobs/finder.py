@@ -87,7 +87,8 @@ def all_jobs(
     host that could not be asked."""
     found: dict[str, JobRecord] = {}
     problems: list[str] = []
-    groups = _supervisor_groups(registry.entries())
+    entries = registry.entries()
+    groups = _supervisor_groups([e for e in entries if e.ended is None])
     if hosts or cluster:
         groups.append((_cluster(hosts, cluster), ssh, None))
     with ThreadPoolExecutor(max_workers=max(1, len(groups))) as workers:
@@ -95,10 +96,26 @@ def all_jobs(
             problems += lines
             for record in records:
                 found.setdefault(record.id, record)
+    _remember_ended(entries, found)
+    for entry in entries:
+        if entry.ended is not None:
+            found.setdefault(entry.id, from_json(entry.ended))
     for data in LocalJobHost().call("list"):
         if data.get("supervisor") == "localhost":
             found.setdefault(data["id"], record_of(data))
     return sorted(found.values(), key=lambda r: r.created), problems
+
+
+def _remember_ended(entries: list[registry.Entry], found: dict[str, JobRecord]) -> None:
+    """Keep each registry entry's ended job's record: ``jobs`` need not ask its host again
+    (which may be long gone)."""
+    from dataclasses import asdict, replace
+
+    for entry in entries:
+        record = found.get(entry.id)
+        if entry.ended is None and record is not None and not record.active:
+            kept = {k: v for k, v in asdict(record).items() if k != "options"}
+            registry.save(replace(entry, ended=kept))
 
 
 def _supervisor_groups(

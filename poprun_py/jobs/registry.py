@@ -34,6 +34,7 @@ class Entry:
     hosts: str | None = None
     ssh: dict[str, Any] = field(default_factory=dict)  # SshOptions as given
     created: float = 0.0
+    ended: dict[str, Any] | None = None  # the job's record once seen ended: not asked again
 
     @property
     def local(self) -> bool:

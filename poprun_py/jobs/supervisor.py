@@ -102,6 +102,10 @@ def detach_and_run(job_id: str, job: Callable[[Recorder], None]) -> int:
     try:
         job(recorder)
         code = 0 if recorder.record.exit_code is None else recorder.record.exit_code
+    except BaseException:  # a bug: its traceback goes to output.log, the record says failed
+        import traceback
+
+        traceback.print_exc()
     finally:
         if recorder.record.active:  # an exception nobody recorded
             recorder.ended(NOT_STARTED, "the supervisor failed", interrupted=False)

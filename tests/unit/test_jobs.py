@@ -174,3 +174,21 @@ def test_a_first_host_without_poprun_py_is_a_preflight_fault_naming_it() -> None
     assert caught.value.exit_code == EXIT_PREFLIGHT
     assert "h1" in str(caught.value) and "install poprun-py there" in str(caught.value)
     assert _check_started("h1", 0, "poprun-py-supervisor: running /tmp/j\n", "") == "/tmp/j"
+
+
+def test_jobs_asks_a_host_once_more_after_its_job_ended_and_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import asdict
+
+    from poprun_py.core.spec import SshOptions
+    from poprun_py.jobs.finder import all_jobs
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    done = JobRecord("gone-1", hosts=("h1",), state="succeeded", exit_code=0, created=3.0)
+    kept = {k: v for k, v in asdict(done).items() if k != "options"}
+    # its cluster spec and hosts are long gone: asking them would fail
+    registry.save(registry.Entry("gone-1", "h1", cluster="/nonexistent.yaml", ended=kept))
+    records, problems = all_jobs(None, None, SshOptions())
+    assert [r for r in records if r.id == "gone-1"] == [done]
+    assert problems == []
