@@ -49,6 +49,7 @@ import time
 from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent_payload
     DONE,
     DUMP_LINE,
+    DUMP_RANKS_LINE,
     EXITED,
     FAILED,
     HEARTBEAT_LINE,
@@ -56,6 +57,8 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     KILL_LINE,
     KILLED,
     NOT_STARTED,
+    RANK_DUMPED,
+    RANK_STACK,
     REPLY,
     REQUEST_PUT,
     REQUEST_RUN,
@@ -72,7 +75,11 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     record,
 )
 from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
-from poprun_py.process.stackdump import dump_in_background  # inlined: agent_payload
+from poprun_py.process.stackdump import (  # inlined: agent_payload
+    dump_in_background,
+    dump_ranks,
+    dump_trees,
+)
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
 if TYPE_CHECKING:
@@ -148,7 +155,7 @@ class Agent:
         self.clean_at: float | None = None  # when no leftover was found any more
         self.wake_r, self.wake_w = os.pipe()
         self.dumper: threading.Thread | None = None  # a stack dump under way (py-spy)
-        self.dumps: list[tuple[set[int], dict[int, list[bytes] | None]]] = []
+        self.dumps: list[tuple[set[int] | None, dict[int, list[bytes] | None]]] = []
 
     # ------------------------------------------------------------ setup
 
@@ -317,10 +324,13 @@ class Agent:
                 self.forward(int(line[4:]))
             elif line.startswith(DUMP_LINE + b" "):
                 self.dump(dump_indexes(line))
+            elif line == DUMP_RANKS_LINE:
+                self.dump(None)
 
-    def dump(self, faulthandler: set[int]) -> None:
+    def dump(self, faulthandler: set[int] | None) -> None:
         """Every running instance's stacks: ``py-spy dump`` of its Python processes on a
-        thread (the loop goes on), else SIGUSR1 to those in ``faulthandler``."""
+        thread (the loop goes on), else SIGUSR1 to those in ``faulthandler``; None: by rank
+        (an MPI daemon's ranks), no SIGUSR1."""
         roots = {i.index: i.proc.pid for i in self.instances if i.proc.poll() is None}
 
         def done(found: dict[int, list[bytes] | None]) -> None:
@@ -330,12 +340,21 @@ class Agent:
 
         if self.dumper is not None:
             self.dumper.join()
-        self.dumper = dump_in_background(roots, done)
+        by = dump_ranks if faulthandler is None else dump_trees
+        self.dumper = dump_in_background(roots, done, by)
 
-    def dumped(self, faulthandler: set[int], found: dict[int, list[bytes] | None]) -> None:
+    def dumped(self, faulthandler: set[int] | None, found: dict[int, list[bytes] | None]) -> None:
         """Send each dump as its instance's stderr lines, SIGUSR1 where there is none and
-        the instance registered faulthandler, and a ``y`` record for each."""
+        the instance registered faulthandler, and a ``y`` record for each (by rank: ``s``
+        lines and a ``w`` record for each rank, then ``y`` for each instance)."""
         running = {i.index: i for i in self.instances if i.proc.poll() is None}
+        if faulthandler is None:
+            for rank, lines in sorted(found.items()):
+                for line in lines or ():
+                    self.emit(record(RANK_STACK, rank, line))
+                how = STACKS_NONE if lines is None else STACKS_PYSPY
+                self.emit(record(RANK_DUMPED, rank, how))
+            found, faulthandler = dict.fromkeys(running), set()
         for index, lines in sorted(found.items()):
             how = STACKS_NONE
             if lines is not None:

@@ -18,7 +18,11 @@ poprun-py to the agent (its stdin):
    nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``dump F`` (a hung job's stacks:
    ``py-spy dump`` of every running instance's Python processes where py-spy is on the
    agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others among ``F``, the
-   comma-separated indexes that registered faulthandler, ``-`` for none). End of input means
+   comma-separated indexes that registered faulthandler, ``-`` for none), ``dump-ranks`` (the
+   same for an MPI daemon's ranks, relayed (:mod:`poprun_py.agent.relay`): ``py-spy dump`` of
+   every Python process of the instances' trees, each filed under its rank from its
+   environment, ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends
+   the answer; no SIGUSR1: the launcher decides). End of input means
    poprun-py is gone: stop everything.
 
 The agent to poprun-py (its stdout), about the job::
@@ -30,6 +34,8 @@ The agent to poprun-py (its stdout), about the job::
     f IDX TEXT     it could not be started (TEXT says why)
     n IDX TEXT     it was not started: the agent was told to stop first
     y IDX HOW      its stacks were dumped (after ``dump``): HOW is py-spy, faulthandler or none
+    s RANK TEXT    one line of rank RANK's stacks (after ``dump-ranks``, before the ``y``)
+    w RANK HOW     rank RANK was found and dumped (HOW py-spy) or not (none), before the ``y``
     d              every instance has ended and nothing is left; the agent exits
 
 Example:
@@ -55,6 +61,7 @@ TERM_LINE = b"term"
 KILL_LINE = b"kill"
 SIGNAL_LINE = b"sig"  # ``sig N``
 DUMP_LINE = b"dump"  # ``dump F``
+DUMP_RANKS_LINE = b"dump-ranks"
 
 STARTED = b"p"
 STDOUT = b"o"
@@ -64,8 +71,12 @@ KILLED = b"k"
 FAILED = b"f"
 NOT_STARTED = b"n"
 STACKS = b"y"
+RANK_STACK = b"s"
+RANK_DUMPED = b"w"
 DONE = b"d"
-INSTANCE_RECORDS = frozenset((STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED, STACKS))
+INSTANCE_RECORDS = frozenset(
+    (STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED, STACKS, RANK_STACK, RANK_DUMPED)
+)
 STACKS_PYSPY = b"py-spy"  # HOW in ``y IDX HOW``
 STACKS_FAULTHANDLER = b"faulthandler"
 STACKS_NONE = b"none"

@@ -19,6 +19,10 @@ period. When poprun-py dies, the agents stop everything by themselves. A host si
 abort the job, and :attr:`Relay.lost` names it -- dated when it was last heard, so it is the
 root cause. An agent runs one job, so a second request for one host is refused (exit 255).
 
+A hung job's stacks (:meth:`RshRelay.dump_ranks`, for ``--hang-timeout``): every agent running
+a daemon is sent ``dump-ranks``; its ``s RANK TEXT``/``w RANK HOW`` records are gathered per
+rank, and once each has answered (``y``) or ended, the launcher's run gets them all at once.
+
 Example::
 
     with relayed(agents, job, grace=5.0) as relay:
@@ -65,6 +69,10 @@ REQUEST_TIMEOUT = 10.0  # for the shim's request line, and for each write to the
 DAEMON_SHELL = "/bin/sh"
 
 
+RankDumps = dict[int, list[bytes] | None]
+"""Rank -> its stack lines (``py-spy dump``'s), or None: found, but not dumped."""
+
+
 @dataclass(frozen=True)
 class Lost:
     """A host that stopped answering: why, and when it was last heard (wall clock)."""
@@ -83,6 +91,11 @@ class Relay:
 
     def stop_daemons(self) -> None:
         """Stop every daemon relayed so far (and its ranks) now, the launch going on."""
+
+    def dump_ranks(self, done: Callable[[RankDumps], None]) -> bool:
+        """Have every relayed daemon's agent dump its ranks' stacks; ``done`` hears what they
+        found. False: no daemon is relayed (nothing is done)."""
+        return False
 
 
 @contextlib.contextmanager
@@ -124,6 +137,9 @@ class RshRelay(Relay):
         self.give_up_at = float("inf")  # once closing: when sessions stop waiting for agents
         self.directory = tempfile.mkdtemp(prefix="poprun-rsh-")  # mode 0700
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.dump_waits: set[_Session] | None = None  # a rank dump under way: who has not answered
+        self.dump_found: RankDumps = {}
+        self.dump_done: Callable[[RankDumps], None] = lambda found: None
 
     def __enter__(self) -> RshRelay:
         path = os.path.join(self.directory, "socket")
@@ -161,6 +177,40 @@ class RshRelay(Relay):
             sessions = list(self.sessions)
         for session in sessions:
             session.stop()
+
+    def dump_ranks(self, done: Callable[[RankDumps], None]) -> bool:
+        """Every running daemon's agent dumps its ranks (``dump-ranks``); ``done`` is called
+        (on a relay thread) once each has answered or ended."""
+        with self.lock:
+            sessions = [s for s in self.sessions if s.link is not None and not s.link.done]
+            if not sessions:
+                return False
+            self.dump_waits, self.dump_found, self.dump_done = set(sessions), {}, done
+        for session in sessions:
+            assert session.link is not None
+            session.link.send(P.DUMP_RANKS_LINE)
+        return True
+
+    def rank_stacks(self, rank: int, line: bytes | None) -> None:
+        """One line of ``rank``'s stacks (None: the rank was found, not dumped)."""
+        with self.lock:
+            lines = self.dump_found.get(rank)
+            if line is not None:
+                self.dump_found[rank] = [*(lines or []), line]
+            else:
+                self.dump_found.setdefault(rank, None)
+
+    def dump_answered(self, session: _Session) -> None:
+        """``session``'s agent has sent every rank's stacks (or ended): ``done`` after the last."""
+        with self.lock:
+            if self.dump_waits is None or session not in self.dump_waits:
+                return
+            self.dump_waits.discard(session)
+            if self.dump_waits:
+                return
+            self.dump_waits = None
+            found = self.dump_found
+        self.dump_done(found)
 
     def spawn(self, target: Callable[[], None]) -> None:
         """Run ``target`` on a daemon thread of its own."""
@@ -242,7 +292,10 @@ class _Session:
             self.link = link
             if self.relay.stopped:  # stop_daemons() ran while this daemon was starting
                 link.send(P.TERM_LINE)
-            self.pump(link)
+            try:
+                self.pump(link)
+            finally:
+                self.relay.dump_answered(self)  # a dump it would not answer any more
 
     def request(self) -> tuple[str, str]:
         """The shim's request (:func:`poprun_py.agent.rsh_shim.request`): host and command."""
@@ -290,6 +343,12 @@ class _Session:
         kind, index, text = P.parse(record)
         if kind == P.DONE:
             link.done = True
+        elif kind == P.RANK_STACK and index >= 0:
+            self.relay.rank_stacks(index, text)
+        elif kind == P.RANK_DUMPED and index >= 0:
+            self.relay.rank_stacks(index, None)
+        elif kind == P.STACKS:
+            self.relay.dump_answered(self)
         elif index != 0:
             return  # a heartbeat, or noise
         elif kind in (P.STDOUT, P.STDERR):  # the shim's records: o/e TEXT, x CODE

@@ -16,16 +16,19 @@ import contextlib
 import logging
 import shutil
 import signal
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError
 from poprun_py.process.output import LAUNCHER_INDEX, Output, write_job_files
+from poprun_py.process.stackdump import dump_in_background, dump_ranks
 from poprun_py.process.supervise import Child, FeedFactory, Supervised, Supervision
 
 log = logging.getLogger("poprun_py.backends")
 
 if TYPE_CHECKING:
+    from poprun_py.agent.relay import RankDumps, Relay
     from poprun_py.backends.result import LaunchResult
     from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import RenderedJob
@@ -61,17 +64,22 @@ def start_launcher(  # noqa: PLR0917 - the launcher's job, environment and super
 
 class LauncherRun:
     """A running one-launcher job: waits for the launcher, then closes what surrounded it
-    (``stack``: a relay, a step clean-up) and maps its outcome onto every instance."""
+    (``stack``: a relay, a step clean-up) and maps its outcome onto every instance. With
+    ``relay`` (the MPI launchers: ``ranks`` are their instances) a hung job's ranks are dumped
+    with py-spy, see :meth:`dump_stacks`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the launcher's run, its surroundings and its hooks
         self,
         run: Supervision,
         stack: contextlib.ExitStack,
         results: Callable[[Supervised], LaunchResult],
         on_signal: Callable[[int], None] | None = None,
+        relay: Relay | None = None,
+        ranks: Collection[int] = (),
     ):
         self.run, self.stack, self.results = run, stack, results
-        self.on_signal = on_signal
+        self.on_signal, self.relay, self.ranks = on_signal, relay, frozenset(ranks)
+        self.dump_thread: threading.Thread | None = None  # py-spy runs here (a local launch)
         run.forward = self.signal  # the supervision loop passes forwarded signals on here
         run.dumper = self.dump_stacks
 
@@ -79,6 +87,8 @@ class LauncherRun:
         """Supervise the launcher to the end; every instance's outcome."""
         with self.stack:
             supervised = self.run.wait()
+        if self.dump_thread is not None:
+            self.dump_thread.join()  # bounded by py-spy's timeout
         return self.results(supervised)
 
     def signal(self, signum: int) -> None:
@@ -91,17 +101,43 @@ class LauncherRun:
             self.run.signal(signum)
 
     def dump_stacks(self, request: DumpRequest) -> None:
-        """A hung job's stacks: the instances run under the launcher's daemons, out of
-        py-spy's reach here, so SIGUSR1 through the launcher when every instance registered
-        faulthandler (a rank without a handler would die of it); else none."""
-        if request.every:
+        """A hung job's stacks. MPI (``relay`` given): ``py-spy dump`` of every rank, by each
+        relayed daemon's agent (``dump-ranks``) or, without one, here in the launcher's process
+        tree; then :meth:`ranks_dumped`. Otherwise (srun) the tasks are out of py-spy's reach:
+        only SIGUSR1 through the launcher, as :meth:`ranks_dumped` decides."""
+        if self.relay is None:
+            self.ranks_dumped(request, {})
+            return
+
+        def done(found: RankDumps) -> None:
+            self.run.post(lambda: self.ranks_dumped(request, found))  # on the loop: Output
+
+        if not self.relay.dump_ranks(done):
+            if self.dump_thread is not None:
+                self.dump_thread.join()
+            roots = dict(enumerate(self.run.live))
+            self.dump_thread = dump_in_background(roots, done, dump_ranks)
+
+    def ranks_dumped(self, request: DumpRequest, found: RankDumps) -> None:
+        """Emit each rank's stacks as its stderr lines; SIGUSR1 through the launcher when some
+        rank that registered faulthandler was not dumped and every one registered it (a rank
+        without a handler would die of it); tell the Control."""
+        for rank, lines in sorted(found.items()):
+            for line in lines or ():
+                self.run.output.emit(rank, "stderr", line)
+        dumped = {rank for rank, lines in found.items() if lines}
+        signalled = request.every and bool(request.faulthandler - dumped)
+        if signalled:
             self.signal(signal.SIGUSR1)
-        else:
+        elif not request.every and (self.relay is None or self.ranks - dumped):
+            missing = ",".join(map(str, sorted(self.ranks - dumped)))
             log.warning(
-                "no stacks dumped: not every instance imported poprun_py.dist (which registers "
-                "faulthandler for SIGUSR1), and py-spy does not reach ranks under a launcher"
+                "no stacks of %s: py-spy could not dump them (not installed, no ptrace rights, "
+                "or out of its reach under this launcher) and not every instance imported "
+                "poprun_py.dist (which registers faulthandler for SIGUSR1)",
+                f"instances {missing}" if missing else "the instances",
             )
-        self.run.control.dumped(request.every)
+        self.run.control.dumped(signalled)
 
 
 def not_forwarded(launcher: str) -> Callable[[int], None]:

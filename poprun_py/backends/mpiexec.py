@@ -213,6 +213,8 @@ class MpiexecBackend(Defaults):
                 stack.pop_all(),
                 lambda done: rank_results(done, hosts, report, relay.lost),
                 functools.partial(usr1_only, run),
+                relay=relay,
+                ranks=hosts,
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 

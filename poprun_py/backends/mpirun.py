@@ -225,7 +225,11 @@ class MpirunBackend(Defaults):
             env = {**job.launcher_env, **relay.environ}
             run = start_launcher(job, env, output, options.grace_period, demux, control)
             return LauncherRun(
-                run, stack.pop_all(), lambda done: rank_results(done, hosts, report, relay.lost)
+                run,
+                stack.pop_all(),
+                lambda done: rank_results(done, hosts, report, relay.lost),
+                relay=relay,
+                ranks=hosts,
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 

@@ -8,6 +8,10 @@ in parallel, each ``py-spy dump`` killed after :data:`PYSPY_TIMEOUT` seconds. An
 none of whose Python processes could be dumped (py-spy absent, no ptrace rights, no Python in
 its tree, a timeout) gets None: the caller falls back to SIGUSR1 for faulthandler.
 
+Under an MPI launcher the ranks are processes of a daemon's tree (orted, hydra_pmi_proxy, or
+mpirun itself here): :func:`dump_ranks` dumps every Python process of the trees given and files
+each dump under its rank, read from the process's environment (:data:`RANK_VARS`).
+
 Example:
 
     >>> import os
@@ -15,6 +19,8 @@ Example:
     {0: None}
     >>> python_processes(os.getpid())[:1] == [os.getpid()]  # doctests run under python
     True
+    >>> dump_ranks({0: os.getpid()}, None), rank_of(os.getpid(), {"RANK": "3"})
+    ({}, 3)
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
 
 PYSPY = "py-spy"
 PYSPY_TIMEOUT = 1.25  # seconds for one py-spy dump; the dumps of a job run in parallel
+RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
+"""Where a rank's index is: Open MPI's, MPICH hydra's, then the one poprun-py's env sets."""
 
 
 def find_pyspy(path: str | None = None) -> str | None:
@@ -103,6 +111,47 @@ def dump_trees(
     if pyspy is None:
         return dict.fromkeys(roots)
     jobs = [(index, pid) for index, root in roots.items() for pid in python_processes(root)]
+    return {**dict.fromkeys(roots), **_dump_pids(jobs, pyspy, timeout)}
+
+
+def rank_of(pid: int, environ: dict[str, str] | None = None) -> int | None:
+    """The rank of process ``pid`` (the first of :data:`RANK_VARS` in its environment, read
+    from ``/proc``, or ``environ`` when given), or None."""
+    if environ is None:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                items = handle.read().split(b"\0")
+        except OSError:
+            return None
+        pairs = (item.partition(b"=") for item in items)
+        environ = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
+    for name in RANK_VARS:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return None
+
+
+def dump_ranks(
+    roots: dict[int, int], pyspy: str | None, timeout: float = PYSPY_TIMEOUT
+) -> dict[int, list[bytes] | None]:
+    """The Python stacks of every rank in the trees of ``roots`` (daemons' pids; the keys are
+    not used): ``rank -> lines`` (None: found, not dumped); ``{}`` without py-spy."""
+    if pyspy is None:
+        return {}
+    jobs = []
+    for root in roots.values():
+        for pid in python_processes(root):
+            rank = rank_of(pid)
+            if rank is not None:
+                jobs.append((rank, pid))
+    return {**{rank: None for rank, _ in jobs}, **_dump_pids(jobs, pyspy, timeout)}
+
+
+def _dump_pids(
+    jobs: list[tuple[int, int]], pyspy: str, timeout: float
+) -> dict[int, list[bytes] | None]:
+    """``py-spy dump`` of every ``(key, pid)`` in parallel: each key's lines (its processes'
+    in order), for the keys of which some process could be dumped."""
     dumps: dict[tuple[int, int], list[bytes] | None] = {}
 
     def one(job: tuple[int, int]) -> None:
@@ -113,24 +162,27 @@ def dump_trees(
         thread.start()
     for thread in threads:
         thread.join()
-    found: dict[int, list[bytes] | None] = dict.fromkeys(roots)
-    for (index, _pid), lines in sorted(dumps.items()):
+    found: dict[int, list[bytes] | None] = {}
+    for (key, _pid), lines in sorted(dumps.items()):
         if lines is not None:
-            found[index] = (found[index] or []) + lines
+            found[key] = (found.get(key) or []) + lines
     return found
 
 
 def dump_in_background(
-    roots: dict[int, int], done: Callable[[dict[int, list[bytes] | None]], None]
+    roots: dict[int, int],
+    done: Callable[[dict[int, list[bytes] | None]], None],
+    dumper: Callable[[dict[int, int], str | None], dict[int, list[bytes] | None]] = dump_trees,
 ) -> threading.Thread | None:
-    """:func:`dump_trees` of ``roots`` with the py-spy on PATH, on a thread that then calls
-    ``done`` with what it found (the thread is returned: join it before leaving, py-spy runs
-    are bounded by their timeout). Without py-spy or roots, ``done`` is called here, at once,
-    with None for every instance, and None is returned."""
+    """``dumper`` (:func:`dump_trees`, or :func:`dump_ranks`) of ``roots`` with the py-spy on
+    PATH, on a thread that then calls ``done`` with what it found (the thread is returned: join
+    it before leaving, py-spy runs are bounded by their timeout). Without py-spy or roots,
+    ``done`` is called here, at once, with what ``dumper`` finds without py-spy, and None is
+    returned."""
     pyspy = find_pyspy()
     if pyspy is None or not roots:
-        done(dict.fromkeys(roots))
+        done(dumper(roots, None))
         return None
-    thread = threading.Thread(target=lambda: done(dump_trees(roots, pyspy)), daemon=True)
+    thread = threading.Thread(target=lambda: done(dumper(roots, pyspy)), daemon=True)
     thread.start()
     return thread

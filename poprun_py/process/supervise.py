@@ -297,6 +297,7 @@ class Supervision:
         self.dumper: Callable[[DumpRequest], None] = self.dump_stacks  # what a dump request does
         self._dumper_thread: threading.Thread | None = None
         self._dumps: list[tuple[DumpRequest, dict[int, list[bytes] | None]]] = []
+        self._posted: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
 
     def start(self, children: Sequence[Child]) -> None:
@@ -415,6 +416,13 @@ class Supervision:
                 self.dumper(request)
             while self._dumps:
                 self._dumped(*self._dumps.pop(0))
+            while self._posted:
+                self._posted.pop(0)()
+
+    def post(self, call: Callable[[], None]) -> None:
+        """Have the loop run ``call`` soon (any thread may ask: Output is not thread-safe)."""
+        self._posted.append(call)
+        self.control.wake()
 
     def dump_stacks(self, request: DumpRequest) -> None:
         """Every live child's Python stacks with ``py-spy dump`` (on a thread, bounded by its

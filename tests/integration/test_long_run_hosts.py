@@ -213,8 +213,9 @@ def test_usr1_reaches_every_rank_through_mpiexec_and_usr2_is_dropped(
 # ---------------------------------------------------------------- hangs
 
 
+@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
 def test_a_hang_is_caught_with_every_stack_in_the_logs(
-    test_cluster_4: TestCluster, tmp_path: Path
+    test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
     spec = spec_for(test_cluster_4, tmp_path)  # grace period 2 s
     program = tmp_path / "hang.py"
@@ -222,10 +223,10 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
     logs = tmp_path / "logs"
     hang, grace = 3.0, 2.0
     args = launch_args(
-        spec, "ssh", 4, "--hang-timeout", "3", "-o", str(logs), "--", PY, str(program)
+        spec, backend, 4, "--hang-timeout", "3", "-o", str(logs), "--", PY, str(program)
     )
     # the hosts' sessions get this PATH (the cluster's sshd), so their agents find the venv's
-    # py-spy and dump every instance with it
+    # py-spy and dump every instance with it (for MPI: every rank under the relayed daemons)
     assert (Path(PY).parent / "py-spy").exists() and str(Path(PY).parent) in os.environ["PATH"]
     run = started(args, tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     silent_since = run.wait_for(r":2\] start$", 1)

@@ -14,6 +14,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
+
 from poprun_py.backends.external import LauncherRun
 from poprun_py.backends.result import RunOptions
 from poprun_py.process.output import LAUNCHER_INDEX, Output
@@ -127,13 +129,16 @@ def test_usr1_reaches_every_local_instance(tmp_path: Path) -> None:
     assert sorted(re.findall(r"got usr1 (\d)", out)) == ["0", "1", "2"]
 
 
-def hang_locally(tmp_path: Path, program: str, env: dict[str, str]) -> tuple[int, str, Path]:
-    """A 3-instance local job whose instance 2 hangs (--hang-timeout 2, grace 1): its exit
-    code, stderr and log directory, after checking it ended within S + grace + 2 s and that
-    nothing it started (py-spy included) is left running."""
+def hang_locally(
+    tmp_path: Path, program: str, env: dict[str, str], backend: str = "local"
+) -> tuple[int, str, Path]:
+    """A 3-instance job on this machine whose instance 2 hangs (--hang-timeout 2, grace 1): its
+    exit code, stderr and log directory, after checking it ended within S + grace + 2 s and
+    that nothing it started (py-spy included) is left running."""
     (tmp_path / "hang.py").write_text(program)
     logs = tmp_path / "logs"
-    argv = ["launch", "--hosts", "localhost", "-n", "3", "-r", "3", "--hang-timeout", "2"]
+    argv = ["launch", "--hosts", "localhost", "-b", backend, "-n", "3", "-r", "3"]
+    argv += ["--hang-timeout", "2"]
     argv += ["--grace-period", "1", "-o", str(logs), "--", PY, str(tmp_path / "hang.py")]
     run = started(argv, tmp_path, env=env)
     since = run.wait_for(r":2\] start$", 1)
@@ -157,10 +162,20 @@ def strays(mark: str) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "local",
+        pytest.param("mpirun", marks=pytest.mark.mpi),
+        pytest.param("mpiexec", marks=pytest.mark.mpi),
+    ],
+)
 def test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
-    code, err, logs = hang_locally(tmp_path, HANG_IN_A_FUNCTION, WITH_PYSPY)
+    """Local supervision dumps its instances; a local mpirun/mpiexec, its ranks found by their
+    rank variables in the launcher's process tree."""
+    code, err, logs = hang_locally(tmp_path, HANG_IN_A_FUNCTION, WITH_PYSPY, backend)
     assert code == 124
     hung = (logs / "instance-2.log").read_text()
     assert re.search(r"^Process \d+: .*hang\.py$", hung, re.M), hung  # py-spy's header
@@ -199,8 +214,9 @@ def started_launcher(output: Output, control: Control, child: Child) -> Supervis
 def test_under_a_launcher_a_dump_is_sigusr1_only_when_every_instance_registered_faulthandler(
     tmp_path: Path,
 ) -> None:
-    """mpirun/mpiexec/srun: the ranks run under the launcher's daemons, out of py-spy's reach
-    from here; the launcher gets SIGUSR1 (it passes it on) only when no rank would die of it."""
+    """srun (a LauncherRun without a relay): the tasks run under Slurm's daemons, out of
+    py-spy's reach from here; the launcher gets SIGUSR1 (it passes it on) only when no task
+    would die of it."""
     lines: list[str] = []
     control = Control()
     output = Output(RunOptions(sink=lambda i, s, line: lines.append(line)), {})

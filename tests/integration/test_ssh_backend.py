@@ -36,6 +36,7 @@ from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import BINDING_PROBE, CPU1_TOPOLOGY, strays, usable_cpu1
+from tests.unit.test_stackdump import RANKED, fake_pyspy, ranked_pythons
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -137,13 +138,16 @@ def _cmdlines(pids: list[int]) -> list[str]:
 # ---------------------------------------------------------------- the agent, run locally
 
 
-def agent(header: dict[str, object], *args: str) -> subprocess.Popen[bytes]:
+def agent(
+    header: dict[str, object], *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """The agent as a local process, its header already sent; stdin stays open."""
     proc = subprocess.Popen(
         [PY, "-m", "poprun_py.agent.host", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
+        env=env,
     )
     assert proc.stdin is not None
     proc.stdin.write(b"job " + json.dumps(header).encode() + b"\n")
@@ -219,17 +223,8 @@ def test_agent_dumps_stacks_with_py_spy_else_sigusr1_to_faulthandler_instances(
     job = {
         "instances": [{"index": i, "argv": a, "env": {}, "cwd": None} for i, a in enumerate(argvs)]
     }
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(
-        [PY, "-m", "poprun_py.agent.host"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=REPO,
-        env=env,
-    )
+    proc = agent(job, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(b"job " + json.dumps(job).encode() + b"\n")
-    proc.stdin.flush()
     pids = dict(proc.stdout.readline().decode().split()[1:] for _ in range(3))
     deadline = time.monotonic() + 10
     pythons: list[int] = []
@@ -248,6 +243,34 @@ def test_agent_dumps_stacks_with_py_spy_else_sigusr1_to_faulthandler_instances(
     spy = [r for r in recs if r.startswith("e 0 ")]  # the python's stacks, not the sh's
     assert spy == [f"e 0 Process {pythons[0]}: fake", 'e 0 Thread 1 (idle): "Main"']
     assert recs[-1] == "d" and proc.returncode == 0
+
+
+def test_the_agent_answers_dump_ranks_with_each_ranks_lines_and_how(tmp_path: Path) -> None:
+    fake_pyspy(tmp_path, 'echo "Process $3: fake"')
+    env = {k: v for k, v in os.environ.items() if k not in stackdump.RANK_VARS}
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    job = {"instances": [{"index": 0, "argv": ["sh", "-c", RANKED.format(py=PY)], "env": {}}]}
+    proc = agent(job, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    daemon = int(proc.stdout.readline().split()[2])
+    by_rank = {rank: pid for pid, rank in ranked_pythons(daemon, 3).items()}
+    proc.stdin.write(b"dump-ranks\n")
+    proc.stdin.flush()
+    got: list[bytes] = []
+    deadline = time.monotonic() + 10
+    while (not got or got[-1] not in (b"y 0 none", b"")) and time.monotonic() < deadline:
+        got.append(proc.stdout.readline().rstrip(b"\n"))
+    proc.stdin.write(b"term\n")
+    proc.stdin.flush()
+    finish(proc)
+    answer = [r for r in got if r != b"h"]
+    assert answer == [
+        f"s 5 Process {by_rank[5]}: fake".encode(),
+        b"w 5 py-spy",
+        f"s 7 Process {by_rank[7]}: fake".encode(),
+        b"w 7 py-spy",
+        b"y 0 none",  # the daemon itself: no SIGUSR1 (the launcher decides), and no e lines
+    ]
 
 
 @pytest.mark.parametrize("how", ["stdin closed", "heartbeats stop"])

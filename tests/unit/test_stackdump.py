@@ -1,7 +1,9 @@
 """Stack dumps with py-spy at their seam (poprun_py/process/stackdump.py): which processes of an
 instance's tree are dumped, what a failing or hanging py-spy gives (nothing, and nothing left
 running), and the agent source that ships the module. A stand-in ``py-spy`` script plays py-spy
-here; the real one is used by the integration tests (test_long_run_local, test_long_run_hosts)."""
+here; the real one is used by the integration tests (test_long_run_local, test_long_run_hosts).
+An MPI daemon's ranks are dumped each under its rank, read from its environment (the agent's
+``dump-ranks``: test_ssh_backend)."""
 
 from __future__ import annotations
 
@@ -88,3 +90,44 @@ def test_py_spy_is_looked_up_on_the_given_path(tmp_path: Path) -> None:
     pyspy = fake_pyspy(tmp_path, "true")
     assert stackdump.find_pyspy(str(tmp_path)) == pyspy
     assert stackdump.find_pyspy(str(tmp_path / "nowhere")) is None
+
+
+RANKED = (
+    "OMPI_COMM_WORLD_RANK=5 {py} -c 'import time; time.sleep(30)' & "
+    "PMI_RANK=7 {py} -c 'import time; time.sleep(30)' & "
+    "{py} -c 'import time; time.sleep(30)' & wait"
+)
+"""A daemon's tree: an Open MPI rank, an MPICH rank, and a Python process of no rank."""
+
+
+def ranked_pythons(root: int, count: int) -> dict[int, int | None]:
+    deadline = time.monotonic() + 10
+    found: list[int] = []
+    while len(found) < count and time.monotonic() < deadline:
+        found = stackdump.python_processes(root)
+    assert len(found) == count
+    return {pid: stackdump.rank_of(pid) for pid in found}
+
+
+def test_ranks_are_read_from_the_mpi_launchers_variables_then_poprun_pys() -> None:
+    assert stackdump.rank_of(0, {"OMPI_COMM_WORLD_RANK": "4", "PMI_RANK": "1", "RANK": "2"}) == 4
+    assert stackdump.rank_of(0, {"PMI_RANK": "1", "RANK": "2"}) == 1
+    assert stackdump.rank_of(0, {"RANK": "2"}) == 2
+    assert stackdump.rank_of(0, {"RANK": "x"}) is None and stackdump.rank_of(0, {}) is None
+    assert stackdump.rank_of(-1) is None  # no such process
+
+
+def test_a_daemons_ranks_are_dumped_each_under_its_rank(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in stackdump.RANK_VARS}
+    daemon = subprocess.Popen(["sh", "-c", RANKED.format(py=PY)], env=env, start_new_session=True)
+    try:
+        ranks = ranked_pythons(daemon.pid, 3)
+        assert sorted(ranks.values(), key=str) == [5, 7, None]
+        by_rank = {rank: pid for pid, rank in ranks.items()}
+        pyspy = fake_pyspy(tmp_path, f'[ "$3" = {by_rank[7]} ] && exit 1; echo "Process $3"')
+        found = stackdump.dump_ranks({0: daemon.pid}, pyspy)
+        assert found == {5: [f"Process {by_rank[5]}".encode()], 7: None}  # 7 found, not dumped
+        assert stackdump.dump_ranks({0: daemon.pid}, None) == {}
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
