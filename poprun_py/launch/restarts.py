@@ -7,14 +7,14 @@ instance has already been stopped (fail-fast), and the whole job starts again, u
 never restarts. Every instance of attempt k sees ``POPRUN_RESTART_COUNT=k`` and
 ``TORCHELASTIC_RESTART_COUNT=k``.
 
-Spares are preflighted after the hosts (a session of their own, closed again: they are held
-back); one that fails is not used. A restart reuses the session (the same connections; the ssh
-and MPI backends start new agents on them, slurm a new step in the same allocation) unless a
-host was lost: then the session is closed and a new one opened, with a spare in the place of
-each lost host (the same instances and replicas, so the global batch is unchanged) or, without
-a spare, the same host if it answers preflight again. When it does not, the restart fails
-with one line (``restart_failed``) and the exit code stays the last attempt's. The result is
-the last attempt's, with the earlier ones in ``attempts``.
+Spares are preflighted at the same time as the hosts (a session of their own, closed again:
+they are held back); one that fails is not used. A restart reuses the session (the same
+connections; the ssh and MPI backends start new agents on them, slurm a new step in the same
+allocation) unless a host was lost: then the session is closed and a new one opened, with a
+spare in the place of each lost host (the same instances and replicas, so the global batch is
+unchanged) or, without a spare, the same host if it answers preflight again. When it does not,
+the restart fails with one line (``restart_failed``) and the exit code stays the last
+attempt's. The result is the last attempt's, with the earlier ones in ``attempts``.
 
 Example:
 
@@ -37,6 +37,7 @@ import json
 import logging
 import select
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -75,8 +76,10 @@ class Attempts:
 
     def run(self, prep: Prepared) -> LaunchResult:
         """Open, preflight, then attempt until one succeeds, is interrupted, or none is left."""
-        session, checked = self._open(prep)
-        prep = self._check_spares(checked.prep)
+        with ThreadPoolExecutor(1, thread_name_prefix="poprun-spares") as spares:
+            failing = spares.submit(self._failing_spares, prep)  # beside the hosts' preflight
+            session, checked = self._open(prep)
+            prep = self._without(checked.prep, failing.result())
         if self.sync_paths is not None:
             session.sync(self.sync_paths(prep))
         checked = replace(checked, prep=prep)
@@ -106,20 +109,24 @@ class Attempts:
         self.sessions.callback(self._close, session)
         return session, session.preflight(prep)
 
-    def _check_spares(self, prep: Prepared) -> Prepared:
-        """Preflight the spares too (then release them: they are held back); a spare that
-        fails is dropped with a warning, the job goes on without it."""
+    def _failing_spares(self, prep: Prepared) -> dict[str, str]:
+        """Preflight the spares (in a session of their own, closed again: they are held
+        back); every spare that fails, and why."""
         spare_prep = spares_only(prep)
         if spare_prep is None:
-            return prep
+            return {}
         session = self.backend.open(spare_prep, self.settings)
         try:
             session.preflight(spare_prep)
-            failed: dict[str, str] = {}
+            return {}
         except PreflightError as exc:
-            failed = {f.host: f"{f.check}: {f.detail}" for f in reversed(exc.faults)}
+            return {f.host: f"{f.check}: {f.detail}" for f in reversed(exc.faults)}
         finally:
             session.close()
+
+    @staticmethod
+    def _without(prep: Prepared, failed: Mapping[str, str]) -> Prepared:
+        """``prep`` without the spares that failed preflight (each named in a warning)."""
         for host, why in failed.items():
             log.warning("spare host %s failed preflight (%s): it will not be used", host, why)
         left = tuple(s for s in prep.long_run.spares if s.name not in failed)

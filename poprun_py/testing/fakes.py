@@ -73,7 +73,8 @@ class FakeBackend(Defaults):
     calls: list[str] = field(default_factory=list)
     started_jobs: list[RenderedJob] = field(default_factory=list)
     attempts: Sequence[Mapping[int, Script]] = ()  # scripts of attempt k (the last repeats)
-    down: Sequence[str] = ()  # hosts that fail the preflight of every session but the first
+    down: Sequence[str] = ()  # hosts failing the preflight of every session but their first
+    refuse: Sequence[str] = ()  # hosts failing every preflight
     signals: list[tuple[int, int]] = field(default_factory=list)  # (attempt, signum) sent
     dumps: list[tuple[int, int, str]] = field(default_factory=list)  # (attempt, index, how)
     opened: list[tuple[str, ...]] = field(default_factory=list)  # each session's plan hosts
@@ -108,8 +109,11 @@ class FakeSession:
         self.backend.calls.append("preflight")
         if self.backend.faults:
             raise PreflightError(self.backend.faults)
-        down = [h.name for h in prep.plan.hosts if h.name in self.backend.down]
-        if down and len(self.backend.opened) > 1:
+        opened = self.backend.opened
+        again = [h for h in self.backend.down if sum(h in names for names in opened) > 1]
+        failing = [*self.backend.refuse, *again]
+        down = [h.name for h in prep.plan.hosts if h.name in failing]
+        if down:
             raise PreflightError([Fault(h, "connect", "no answer") for h in down])
         return Checked(prep, dict(self.backend.topologies))
 
