@@ -65,8 +65,9 @@ def start_launcher(  # noqa: PLR0917 - the launcher's job, environment and super
 class LauncherRun:
     """A running one-launcher job: waits for the launcher, then closes what surrounded it
     (``stack``: a relay, a step clean-up) and maps its outcome onto every instance. With
-    ``relay`` (the MPI launchers: ``ranks`` are their instances) a hung job's ranks are dumped
-    with py-spy, see :meth:`dump_stacks`."""
+    ``relay`` (the MPI launchers' relay, or srun's
+    :class:`~poprun_py.backends.slurm_stacks.StepStacks`; ``ranks`` are their instances) a hung
+    job's ranks are dumped with py-spy, see :meth:`dump_stacks`."""
 
     def __init__(  # noqa: PLR0917 - the launcher's run, its surroundings and its hooks
         self,
@@ -101,10 +102,12 @@ class LauncherRun:
             self.run.signal(signum)
 
     def dump_stacks(self, request: DumpRequest) -> None:
-        """A hung job's stacks. MPI (``relay`` given): ``py-spy dump`` of every rank, by each
-        relayed daemon's agent (``dump-ranks``) or, without one, here in the launcher's process
-        tree; then :meth:`ranks_dumped`. Otherwise (srun) the tasks are out of py-spy's reach:
-        only SIGUSR1 through the launcher, as :meth:`ranks_dumped` decides."""
+        """A hung job's stacks. With ``relay``: ``py-spy dump`` of every rank, by each relayed
+        daemon's agent (``dump-ranks``; srun: by one more step on the nodes,
+        :mod:`poprun_py.backends.slurm_stacks`) or, without one, here in the launcher's process
+        tree; then :meth:`ranks_dumped`. Otherwise (srun outside an allocation) the tasks are
+        out of py-spy's reach: only SIGUSR1 through the launcher, as :meth:`ranks_dumped`
+        decides."""
         if self.relay is None:
             self.ranks_dumped(request, {})
             return

@@ -8,6 +8,10 @@ exactly where the plan puts instance N), so it shows as ``[host:N]`` and lands i
 each task ended from them (``srun: error: HOST: tasks 0-1: Exited with exit code 3`` or a signal's
 name).
 
+``--hang-timeout``: a hung step's tasks are dumped with py-spy by one more step on their nodes
+(:mod:`poprun_py.backends.slurm_stacks`); ranks it could not dump get SIGUSR1 through srun as
+under mpirun (:meth:`~poprun_py.backends.external.LauncherRun.ranks_dumped`).
+
 Failure: ``--kill-on-bad-exit=1`` makes Slurm end the step when one task fails; that task is the
 root cause (its own exit code becomes poprun-py's), the others are ``stopped``. Ctrl-C: SIGTERM
 goes to srun alone, which cancels the step (as after two Ctrl-C within a second): Slurm sends
@@ -32,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -60,6 +65,7 @@ from poprun_py.backends.slurm_alloc import (
     step_names,
     unstage_argv,
 )
+from poprun_py.backends.slurm_stacks import STACKS_SUFFIX, StepStacks
 from poprun_py.errors import BackendError, Fault, PreflightError
 from poprun_py.process.commands import failure_line, run_captured
 from poprun_py.process.output import LAUNCHER_INDEX, Output
@@ -216,8 +222,12 @@ class SlurmBackend(Defaults):
         with contextlib.ExitStack() as stack:
             stack.callback(unstage, job, env)
             stack.callback(leave_nothing, job, env)
+            stacks = step_stacks(job, env)
+            if stacks is not None:
+                stack.callback(stacks.close)  # a dump under way ends before the clean-up
             run = start_launcher(job, env, output, options.grace_period, demux, control)
-            return LauncherRun(run, stack.pop_all(), lambda done: task_results(done, hosts, report))
+            results = functools.partial(task_results, hosts=hosts, report=report)
+            return LauncherRun(run, stack.pop_all(), results, relay=stacks, ranks=hosts)
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
@@ -272,11 +282,24 @@ class SlurmSession:
         self.stack.close()
 
 
+def step_stacks(job: RenderedJob, env: Mapping[str, str]) -> StepStacks | None:
+    """The hung step's stack dumps (py-spy on its nodes, one more step) when srun runs in an
+    allocation and the step is named; None: SIGUSR1 through srun only."""
+    alloc = current_allocation({**os.environ, **env})
+    names = step_names(job.launcher)
+    if alloc is None or not names:
+        return None
+    nodes = list(dict.fromkeys(cmd.host for cmd in job.instances))
+    return StepStacks(alloc.job_id, nodes, names, env)
+
+
 def leave_nothing(job: RenderedJob, env: Mapping[str, str]) -> None:
-    """Cancel and wait out any step (or job) of this job's name that Slurm still knows."""
+    """Cancel and wait out any step (or job) of this job's name that Slurm still knows (its
+    stack dump's step included)."""
     names = step_names(job.launcher)
     if not names:
         return
+    names = (*names, *(name + STACKS_SUFFIX for name in names))
     environ = {**os.environ, **env}
     deadline = time.monotonic() + CLEANUP_TIMEOUT
     with contextlib.suppress(BackendError):  # slurmctld gone: nothing we can cancel

@@ -285,7 +285,7 @@ def unstage_argv(launcher: Sequence[str], hosts: Sequence[str]) -> list[str] | N
     ]
 
 
-def _named(listing: str, names: Iterable[str]) -> list[str]:
+def named_ids(listing: str, names: Iterable[str]) -> list[str]:
     """Ids from ``squeue -o '%i %j'`` lines whose name (the rest of the line) is in ``names``."""
     wanted = set(names)
     ids = []
@@ -305,8 +305,8 @@ def cancel_steps(names: Iterable[str], environ: Mapping[str, str] | None = None)
     env = dict(os.environ if environ is None else environ)
     names = tuple(names)
     listing = ["squeue", "--me", "-h", "-o", "%i %j"]
-    steps = _named(client([*listing, "--steps"], env, CLIENT_TIMEOUT), names)
-    jobs = _named(client(listing, env, CLIENT_TIMEOUT), names)
+    steps = named_ids(client([*listing, "--steps"], env, CLIENT_TIMEOUT), names)
+    jobs = named_ids(client(listing, env, CLIENT_TIMEOUT), names)
     with contextlib.suppress(BackendError):  # gone between squeue and scancel
         if steps:
             client(["scancel", "--signal=KILL", *steps], env, CLIENT_TIMEOUT)

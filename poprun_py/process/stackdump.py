@@ -12,6 +12,11 @@ Under an MPI launcher the ranks are processes of a daemon's tree (orted, hydra_p
 mpirun itself here): :func:`dump_ranks` dumps every Python process of the trees given and files
 each dump under its rank, read from the process's environment (:data:`RANK_VARS`).
 
+Under srun the tasks run under slurmstepd on the nodes: a step of the same allocation runs this
+module's source on every node (:mod:`poprun_py.backends.slurm_stacks`), where
+:func:`report_step` dumps the Python processes of the job's step (:func:`dump_step`, by their
+``SLURM_JOB_ID``/``SLURM_STEP_ID``) and writes what it found on stdout.
+
 Example:
 
     >>> import os
@@ -21,6 +26,8 @@ Example:
     True
     >>> dump_ranks({0: os.getpid()}, None), rank_of(os.getpid(), {"RANK": "3"})
     ({}, 3)
+    >>> dump_step("no-such-job", "0", None)
+    {}
 """
 
 from __future__ import annotations
@@ -32,11 +39,14 @@ import threading
 TYPE_CHECKING = False  # not typing's: the agent's start does not pay for importing it
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import BinaryIO
 
 PYSPY = "py-spy"
 PYSPY_TIMEOUT = 1.25  # seconds for one py-spy dump; the dumps of a job run in parallel
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
 """Where a rank's index is: Open MPI's, MPICH hydra's, then the one poprun-py's env sets."""
+SLURM_RANK_VARS = ("SLURM_PROCID", "RANK")
+"""Where a Slurm task's rank is: Slurm's, then poprun-py's."""
 
 
 def find_pyspy(path: str | None = None) -> str | None:
@@ -114,18 +124,25 @@ def dump_trees(
     return {**dict.fromkeys(roots), **_dump_pids(jobs, pyspy, timeout)}
 
 
-def rank_of(pid: int, environ: dict[str, str] | None = None) -> int | None:
-    """The rank of process ``pid`` (the first of :data:`RANK_VARS` in its environment, read
-    from ``/proc``, or ``environ`` when given), or None."""
+def environ_of(pid: int) -> dict[str, str]:
+    """Process ``pid``'s environment, from ``/proc`` (empty when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            items = handle.read().split(b"\0")
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in items)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
+
+
+def rank_of(
+    pid: int, environ: dict[str, str] | None = None, names: tuple[str, ...] = RANK_VARS
+) -> int | None:
+    """The rank of process ``pid`` (the first of ``names`` in its environment, read from
+    ``/proc``, or ``environ`` when given), or None."""
     if environ is None:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                items = handle.read().split(b"\0")
-        except OSError:
-            return None
-        pairs = (item.partition(b"=") for item in items)
-        environ = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
-    for name in RANK_VARS:
+        environ = environ_of(pid)
+    for name in names:
         if environ.get(name, "").isdigit():
             return int(environ[name])
     return None
@@ -145,6 +162,40 @@ def dump_ranks(
             if rank is not None:
                 jobs.append((rank, pid))
     return {**{rank: None for rank, _ in jobs}, **_dump_pids(jobs, pyspy, timeout)}
+
+
+def dump_step(
+    job_id: str, step_id: str, pyspy: str | None, timeout: float = PYSPY_TIMEOUT
+) -> dict[int, list[bytes] | None]:
+    """The Python stacks of a Slurm step's tasks on this node: every Python process whose
+    environment has ``SLURM_JOB_ID`` ``job_id`` and ``SLURM_STEP_ID`` ``step_id``, filed under
+    its rank (:data:`SLURM_RANK_VARS`): ``rank -> lines`` (None: found, not dumped)."""
+    jobs = []
+    for pid in _all_pids():
+        env = environ_of(pid) if _is_python(pid) else {}
+        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_STEP_ID") == step_id:
+            rank = rank_of(pid, env, SLURM_RANK_VARS)
+            if rank is not None:
+                jobs.append((rank, pid))
+    found = _dump_pids(jobs, pyspy, timeout) if pyspy is not None else {}
+    return {**{rank: None for rank, _ in jobs}, **found}
+
+
+def report_step(argv: list[str], out: BinaryIO) -> None:
+    """What a Slurm step's stack dump (``python3 -c SOURCE JOB STEP TIMEOUT``, this module's
+    source ahead) writes: for each rank of step JOB.STEP on this node, ``s RANK LINE`` for every
+    line of its stacks and ``w RANK py-spy`` (dumped) or ``w RANK none`` -- the agent's
+    ``dump-ranks`` records (:mod:`poprun_py.agent.protocol`)."""
+    found = dump_step(argv[0], argv[1], find_pyspy(), float(argv[2]))
+    for rank, lines in sorted(found.items()):
+        for line in lines or ():
+            out.write(b"s %d %s\n" % (rank, line))
+        out.write(b"w %d %s\n" % (rank, b"none" if lines is None else b"py-spy"))
+    out.flush()
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
 def _dump_pids(

@@ -21,6 +21,7 @@ import pytest
 from poprun_py.providers.netns import TestCluster
 from tests.hostfixtures import MakeCluster
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
+from tests.integration.test_slurm_cli import squeue_empty
 from tests.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.hosts
@@ -387,3 +388,47 @@ def test_slurm_restarts_in_a_new_step_and_forwards_usr1(
     for rank in range(4):
         assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
         assert f"attempt 1 1 {rank}" in out
+
+
+@pytest.mark.parametrize("pyspy", [True, False])
+def test_a_hung_slurm_step_has_every_stack_in_the_logs(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path, pyspy: bool
+) -> None:
+    program = tmp_path / "hang.py"
+    program.write_text(HANG_IN_A_FUNCTION)
+    logs = tmp_path / "logs"
+    nodes = ",".join(slurm_cluster.node_names[:2])
+    hang, grace = 3.0, 2.0
+    args = [
+        *("launch", "--backend", "slurm", "--hosts", nodes, "-r", "4", "-n", "4"),
+        *("--time", "5", "--grace-period", "2", "--hang-timeout", "3", "-o", str(logs)),
+        *("--", PY, str(program)),
+    ]
+    # srun passes this PATH on to the dump step, so it finds the venv's py-spy on the nodes;
+    # without it there, every task (all registered faulthandler) gets SIGUSR1 instead
+    venv = str(Path(PY).parent)
+    assert (Path(venv) / "py-spy").exists() and venv in os.environ["PATH"]
+    path = (
+        os.environ["PATH"]
+        if pyspy
+        else os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d != venv)
+    )
+    env = {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": path}
+    run = started(args, tmp_path, env=env)
+    silent_since = run.wait_for(r":2\] start$", 1)
+    code, _, err = run.finish()
+    ended = time.monotonic()
+    assert code == 124, err
+    assert ended - silent_since <= hang + grace + 2.0
+    assert "instance 2 on" in err and "hung (no progress for 3 s)" in err
+    for i in range(4):
+        log = (logs / f"instance-{i}.log").read_text()
+        assert bool(re.search(r"^Thread \d+ \(idle\)", log, re.M)) == pyspy, (i, log)
+        assert ("most recent call first" in log) != pyspy, (i, log)  # SIGUSR1 without py-spy
+    hung_log = (logs / "instance-2.log").read_text()
+    if pyspy:
+        assert re.search(r"^ +wait_for_the_loader \(hang\.py:6\)$", hung_log, re.M), hung_log
+        assert re.search(r":2\] +wait_for_the_loader \(hang\.py:6\)$", err, re.M)  # stderr
+    else:
+        assert "line 6 in wait_for_the_loader" in hung_log, hung_log
+    assert squeue_empty(slurm_env)  # the dump step included
