@@ -67,7 +67,6 @@ HYDRA = "mpiexec.hydra"
 MPIEXEC_MISSING = "mpiexec.hydra not found on PATH; install MPICH (Debian: mpich)"
 LAUNCHER_OPTIONS = ("-launcher", "-launcher-exec", "-bootstrap", "-bootstrap-exec", "-rsh", "-ssh")
 ADDRESS_OPTIONS = ("-localhost", "-iface")
-_FAILED = re.compile(r"poprun-py: rank exited with code (\d+)\s*\Z")
 
 
 def mpiexec_args(
@@ -96,11 +95,10 @@ class HydraReport(FailureReport):
 
     def rank_line(self, rank: int, line: str) -> bool:
         """Look at one of a rank's stderr lines; True when it is that rank's failure report."""
-        match = _FAILED.search(line)
-        if match is None:
+        if not super().rank_line(rank, line):
             return False
-        if self.rank is None:
-            self.rank, self.exit_code = rank, int(match.group(1))
+        if self.rank is None and self.first_report is not None:
+            self.rank, self.exit_code = self.first_report
         return True
 
     def scan(self, line: str) -> None:

@@ -70,14 +70,39 @@ _ABORTED = re.compile(
 )
 
 
+RANK_FAILED = re.compile(r"poprun-py: rank exited with code (\d+)\s*\Z")
+"""The line each rank's wrapper (``mpirun.j2``'s ``rank`` file, ``mpiexec.j2``) writes on the
+rank's stderr when the rank exits non-zero."""
+
+
 class FailureReport:
-    """Reads mpirun's own lines for the rank that failed first, and how."""
+    """Reads mpirun's own lines for the rank that failed first, and how; the ranks' own
+    reports (their wrapper's :data:`RANK_FAILED` line) name it when mpirun does not (Open MPI
+    sometimes ends with "Primary job terminated normally, but 1 process returned a non-zero
+    exit code" and nothing naming the process)."""
 
     def __init__(self) -> None:
         self.rank: int | None = None
         self.exit_code: int | None = None
         self.signal: int | None = None
         self._pending: int | None = None
+        self.first_report: tuple[int, int] | None = None  # (rank, code): the first wrapper line
+
+    def rank_line(self, rank: int, line: str) -> bool:
+        """Look at one of a rank's stderr lines; True when it is that rank's failure report
+        (poprun-py's, not the program's: it is not shown)."""
+        match = RANK_FAILED.search(line)
+        if match is None:
+            return False
+        if self.first_report is None:
+            self.first_report = (rank, int(match.group(1)))
+        return True
+
+    def settle(self) -> None:
+        """The launcher has ended: without a rank named by mpirun, the first rank that
+        reported its own failure is the root cause."""
+        if self.rank is None and self.first_report is not None:
+            self.rank, self.exit_code = self.first_report
 
     def scan(self, line: str) -> None:
         """Look at one line of mpirun's own output."""
@@ -173,6 +198,10 @@ class TagDemux:
     def _emit(self, owner: tuple[int, str], text: bytes) -> None:
         if owner[0] == LAUNCHER_INDEX:
             self._report.scan(text.decode("utf-8", "replace"))
+        elif owner[1] == "stderr" and self._report.rank_line(
+            owner[0], text.decode("utf-8", "replace")
+        ):
+            return
         self._output.emit(owner[0], owner[1], text)
 
 
@@ -253,6 +282,7 @@ def rank_results(
     InstanceResult per rank."""
     launcher = run.exits[0]
     code = launcher.returncode if launcher.returncode is not None else 1
+    report.settle()
     lost = lost or {}
     outcomes = {
         rank: _lost_outcome(hosts[rank], lost) or _rank_outcome(rank, code, run, report)

@@ -137,7 +137,9 @@ def parse_ompi_context(tokens: Sequence[str], launcher_env: Mapping[str, str]) -
         else:
             options[flag] = value
         i += 2
-    return Rank(options["-host"], options.get("-wdir"), env, list(tokens[i:]))
+    argv = list(tokens[i:])
+    assert argv[0] == "/bin/sh" and argv[1].endswith("/rank"), argv  # the rank's wrapper
+    return Rank(options["-host"], options.get("-wdir"), env, argv[2:])
 
 
 def ompi_appfile_lines(text: str) -> list[list[str]]:
@@ -290,7 +292,8 @@ def test_mpirun_global_options_hostfile_and_one_context_per_instance() -> None:
         "mpirun", "--tag-output", "--bind-to", "none",
         "--hostfile", f"{JOB_DIR}/hostfile", "--map-by", "slot",
     ]  # fmt: skip
-    assert unbound.files == {"hostfile": "h1 slots=2\nh2 slots=2\n"}
+    assert unbound.files.keys() == {"hostfile", "rank"}  # rank: each rank's wrapper
+    assert "poprun-py: rank exited with code $c" in unbound.files["rank"]
     assert len(contexts) == plan.num_instances
 
 
@@ -525,7 +528,7 @@ def test_job_dict_is_json_ready_and_masks_secrets() -> None:
     assert SECRET not in text
     assert data["launcher"] == list(job.launcher) and data["secrets"] == ["TOKEN"]
     assert data["launcher_env"]["TOKEN"] == instance_env.MASK
-    assert data["files"].keys() == {"hostfile", "appfile"}
+    assert data["files"].keys() == {"hostfile", "appfile", "rank"}
     first = data["instances"][0]
     assert first["env"]["TOKEN"] == instance_env.MASK and first["env"]["MSG"] == "hello world"
     assert first["shard_file"] == f"{JOB_DIR}/shard-0.txt" and first["shard"] == []
