@@ -267,3 +267,7 @@ exist there, so no memory binding)."""
 def usable_cpu1() -> bool:
     """True when this process may run on CPUs 0 and 1 and NUMA node 0 exists."""
     return {0, 1} <= os.sched_getaffinity(0) and Path("/sys/devices/system/node/node0").is_dir()
+
+
+PYSPY_THREAD = r"^Thread \d+ \((?:idle|active)\)"
+"""py-spy's header of a thread: sleeping (idle) or running (active) when dumped."""

@@ -20,6 +20,7 @@ import pytest
 
 from poprun_py.providers.netns import TestCluster
 from tests.hostfixtures import MakeCluster
+from tests.integration.helpers import PYSPY_THREAD
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
 from tests.integration.test_slurm_cli import squeue_empty
 from tests.slurmcluster import SlurmCluster
@@ -239,7 +240,7 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
     assert f"instance 2 on {hung} hung (no progress for 3 s)" in err
     for i in range(4):
         log = (logs / f"instance-{i}.log").read_text()
-        assert re.search(r"^Thread \d+ \(idle\)", log, re.M), (i, log)  # py-spy's dump
+        assert re.search(PYSPY_THREAD, log, re.M), (i, log)  # py-spy's dump
         assert "most recent call first" not in log  # so no SIGUSR1
         assert "poprun-py:" not in log  # the heartbeat markers are swallowed
     hung_log = (logs / "instance-2.log").read_text()
@@ -423,7 +424,7 @@ def test_a_hung_slurm_step_has_every_stack_in_the_logs(
     assert "instance 2 on" in err and "hung (no progress for 3 s)" in err
     for i in range(4):
         log = (logs / f"instance-{i}.log").read_text()
-        assert bool(re.search(r"^Thread \d+ \(idle\)", log, re.M)) == pyspy, (i, log)
+        assert bool(re.search(PYSPY_THREAD, log, re.M)) == pyspy, (i, log)
         assert ("most recent call first" in log) != pyspy, (i, log)  # SIGUSR1 without py-spy
     hung_log = (logs / "instance-2.log").read_text()
     if pyspy:

@@ -21,6 +21,7 @@ from poprun_py.backends.result import RunOptions
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Child, Supervision
+from tests.integration.helpers import PYSPY_THREAD
 from tests.integration.test_long_run_hosts import HANG, HANG_IN_A_FUNCTION, WAIT_USR1, started
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +180,7 @@ def test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr
     assert code == 124
     hung = (logs / "instance-2.log").read_text()
     assert re.search(r"^Process \d+: .*hang\.py$", hung, re.M), hung  # py-spy's header
-    assert re.search(r"^Thread \d+ \(idle\)", hung, re.M), hung
+    assert re.search(PYSPY_THREAD, hung, re.M), hung
     assert re.search(r"^ +wait_for_the_loader \(hang\.py:6\)$", hung, re.M), hung
     assert re.search(r":2\] +wait_for_the_loader \(", err), err  # on the terminal, tagged
     for i in range(3):
