@@ -158,7 +158,7 @@ class _TaggedWriter:
 def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
     """Stop a detached job on every host (TERM, KILL after its grace period); stopping a job
     that has ended does nothing."""
-    from poprun_py.jobs.record import from_json, observed
+    from poprun_py.jobs.finder import record_of
 
     with _job_host(job_id, hosts, cluster) as (host, record):
         if not record.active:
@@ -166,7 +166,7 @@ def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) ->
             return
         grace = float(record.options.get("grace_period") or DEFAULT_GRACE)
         data = host.call("stop", job_id, str(grace))
-    after = observed(from_json(data), supervisor_alive=data["alive"]) if data else record
+    after = record_of(data) if data else record
     sys.stderr.write(f"poprun-py: job {job_id} {after.state}\n")
 
 

@@ -53,8 +53,8 @@ def save(entry: Entry, root: Path | None = None, cluster_text: str | None = None
     where = root or state_root()
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     if cluster_text is not None:
-        _write_private(where / f"{entry.id}.yaml", cluster_text)
-    _write_private(where / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
+        write_private(where / f"{entry.id}.yaml", cluster_text)
+    write_private(where / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
 
 
 def cluster_copy(entry: Entry, root: Path | None = None) -> str | None:
@@ -86,7 +86,8 @@ def _entry(data: dict[str, Any]) -> Entry:
     return Entry(**{k: v for k, v in data.items() if k in known})
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, mode 0600 (a reader sees old or new)."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

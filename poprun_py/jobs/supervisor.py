@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from poprun_py.jobs import hostops
 from poprun_py.jobs.place import READY
 from poprun_py.jobs.record import JobRecord, check_job_id, ended, from_json, running, to_json
+from poprun_py.jobs.registry import write_private
 
 if TYPE_CHECKING:
     from poprun_py.prepare.job import LaunchOptions
@@ -50,12 +51,7 @@ class Recorder:
 
     def write(self) -> None:
         """Replace ``job.json`` atomically (mode 0600)."""
-        path = self.job_dir / "job.json"
-        tmp = self.job_dir / ".job.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(to_json(self.record))
-        os.replace(tmp, path)
+        write_private(self.job_dir / "job.json", to_json(self.record))
 
     def running(self, attempt: int) -> None:
         """Every instance of ``attempt`` runs: record it; the first time, free the client."""
