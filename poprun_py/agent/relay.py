@@ -97,6 +97,9 @@ class Relay:
         found. False: no daemon is relayed (nothing is done)."""
         return False
 
+    def signal_ranks(self, signum: int) -> None:
+        """Have every relayed daemon's agent send ``signum`` to its ranks (``sigr N``)."""
+
 
 @contextlib.contextmanager
 def relayed(agents: AgentPool | None, job: RenderedJob, grace: float) -> Iterator[Relay]:
@@ -190,6 +193,13 @@ class RshRelay(Relay):
             assert session.link is not None
             session.link.send(P.DUMP_RANKS_LINE)
         return True
+
+    def signal_ranks(self, signum: int) -> None:
+        """Every running daemon's agent signals its ranks, not the daemon (``sigr N``)."""
+        with self.lock:
+            links = [s.link for s in self.sessions if s.link is not None and not s.link.done]
+        for link in links:
+            link.send(b"%s %d" % (P.SIGNAL_RANKS_LINE, signum))
 
     def rank_stacks(self, rank: int, line: bytes | None) -> None:
         """One line of ``rank``'s stacks (None: the rank was found, not dumped)."""

@@ -30,17 +30,19 @@ pytestmark = pytest.mark.hosts
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
-WAIT_USR1 = """
+WAIT_SIGNALS = """
 import os, signal, sys, time
-got = []
-signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+got = set()
+signal.signal(signal.SIGUSR1, lambda *a: got.add("usr1"))
+signal.signal(signal.SIGUSR2, lambda *a: got.add("usr2"))
 print("ready", flush=True)
-deadline = time.monotonic() + float(sys.argv[1] if len(sys.argv) > 1 else 30)
-while not got and time.monotonic() < deadline:
+deadline = time.monotonic() + 30
+while len(got) < 2 and time.monotonic() < deadline:
     time.sleep(0.02)
-print(("got usr1 " if got else "no usr1 ") + os.environ["RANK"], flush=True)
-sys.exit(0 if got or sys.argv[2:] == ["quiet"] else 5)
+print("got " + " ".join(sorted(got)) + " " + os.environ["RANK"], flush=True)
+sys.exit(0 if len(got) == 2 else 5)
 """
+"""Waits for SIGUSR1 and SIGUSR2 (30 s at most), prints ``got usr1 usr2 RANK``."""
 
 HANG = """
 import os, time
@@ -177,38 +179,22 @@ def test_timeout_stops_every_host_with_124(test_cluster_4: TestCluster, tmp_path
 # ---------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
-def test_usr1_reaches_every_instance_on_every_host_and_the_job_goes_on(
+@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
+def test_usr1_and_usr2_reach_every_instance_on_every_host_and_the_job_goes_on(
     test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
     spec = spec_for(test_cluster_4, tmp_path)
-    program = tmp_path / "wait_usr1.py"
-    program.write_text(WAIT_USR1)
+    program = tmp_path / "wait_signals.py"
+    program.write_text(WAIT_SIGNALS)
     run = started(launch_args(spec, backend, 4, "--", PY, str(program)), tmp_path)
     run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR2)  # hydra would die of it: poprun-py goes past it
     run.proc.send_signal(signal.SIGUSR1)
     code, out, err = run.finish()
     assert code == 0, err
     for rank in range(4):
-        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
-    only_sshd(test_cluster_4)
-
-
-def test_usr1_reaches_every_rank_through_mpiexec_and_usr2_is_dropped(
-    test_cluster_4: TestCluster, tmp_path: Path
-) -> None:
-    spec = spec_for(test_cluster_4, tmp_path)
-    program = tmp_path / "wait_usr1.py"
-    program.write_text(WAIT_USR1)
-    run = started(launch_args(spec, "mpiexec", 4, "--", PY, str(program)), tmp_path)
-    run.wait_for(r"\] ready$", 4)
-    run.proc.send_signal(signal.SIGUSR2)  # hydra would die of it: dropped, the job goes on
-    run.proc.send_signal(signal.SIGUSR1)
-    code, out, err = run.finish()
-    assert code == 0, err
-    for rank in range(4):
-        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
-    assert "cannot pass signal 12 on to its instances: not forwarded" in err
+        assert re.search(rf"\] got usr1 usr2 {rank}$", out, re.M), out
+    assert "not forwarded" not in err
     only_sshd(test_cluster_4)
 
 
@@ -354,11 +340,11 @@ def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
 # ---------------------------------------------------------------- slurm
 
 
-def test_slurm_restarts_in_a_new_step_and_forwards_usr1(
+def test_slurm_restarts_in_a_new_step_and_forwards_usr1_and_usr2(
     slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    program = tmp_path / "wait_usr1.py"
-    program.write_text(WAIT_USR1)
+    program = tmp_path / "wait_signals.py"
+    program.write_text(WAIT_SIGNALS)
     nodes = ",".join(slurm_cluster.node_names[:2])
     script = FAIL_FIRST + f'[ "$POPRUN_RESTART_COUNT" = 0 ] && exit 4; exec {PY} {program}'
     args = [
@@ -383,11 +369,12 @@ def test_slurm_restarts_in_a_new_step_and_forwards_usr1(
     run = started(args, tmp_path, env=slurm_env)
     run.wait_for(r"\] ready$", 4)
     run.proc.send_signal(signal.SIGUSR1)
+    run.proc.send_signal(signal.SIGUSR2)
     code, out, err = run.finish()
     assert code == 0, err
     assert "attempt 0: instance" in err and "attempt 1: ok" in err
     for rank in range(4):
-        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
+        assert re.search(rf"\] got usr1 usr2 {rank}$", out, re.M), out
         assert f"attempt 1 1 {rank}" in out
 
 

@@ -22,7 +22,7 @@ from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Child, Supervision
 from tests.integration.helpers import PYSPY_THREAD
-from tests.integration.test_long_run_hosts import HANG, HANG_IN_A_FUNCTION, WAIT_USR1, started
+from tests.integration.test_long_run_hosts import HANG, HANG_IN_A_FUNCTION, WAIT_SIGNALS, started
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -115,19 +115,18 @@ def test_restarts_running_out_give_the_instances_code(tmp_path: Path) -> None:
     assert proc.stderr.count("; restarted") == 2
 
 
-def test_usr1_reaches_every_local_instance(tmp_path: Path) -> None:
-    program = tmp_path / "wait_usr1.py"
-    program.write_text(WAIT_USR1)
-    run = started(
-        ["launch", "--hosts", "localhost", "-n", "3", "-r", "3", "--", PY, str(program)],
-        tmp_path,
-        env=ENV,
-    )
+@pytest.mark.parametrize("backend", ["local", "mpirun", "mpiexec"])
+def test_usr1_and_usr2_reach_every_local_instance(tmp_path: Path, backend: str) -> None:
+    program = tmp_path / "wait_signals.py"
+    program.write_text(WAIT_SIGNALS)
+    args = ["launch", "--hosts", "localhost", "-n", "3", "-r", "3", "--backend", backend]
+    run = started([*args, "--", PY, str(program)], tmp_path, env=ENV)
     run.wait_for(r"\] ready$", 3)
     run.proc.send_signal(signal.SIGUSR1)
+    run.proc.send_signal(signal.SIGUSR2)
     code, out, err = run.finish()
     assert code == 0, err
-    assert sorted(re.findall(r"got usr1 (\d)", out)) == ["0", "1", "2"]
+    assert sorted(re.findall(r"got usr1 usr2 (\d)", out)) == ["0", "1", "2"]
 
 
 def hang_locally(

@@ -75,6 +75,14 @@ def test_the_relay_gathers_every_agents_ranks_then_answers_once(relay: RshRelay)
     assert len(heard) == 1
 
 
+def test_the_relay_has_every_running_daemons_agent_signal_its_ranks(relay: RshRelay) -> None:
+    relay.signal_ranks(signal.SIGUSR2)  # no daemon relayed yet: nothing to do
+    (_, link1), (_, link2) = session_on(relay, "h1"), session_on(relay, "h2")
+    link2.done = True  # its daemon has ended
+    relay.signal_ranks(signal.SIGUSR2)
+    assert link1.sent == [b"sigr %d" % signal.SIGUSR2] and link2.sent == []
+
+
 class FakeLauncher:
     """What LauncherRun uses of its Supervision: the loop's post, Output, Control, signal."""
 
