@@ -72,6 +72,7 @@ from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed, Supervised
 
 if TYPE_CHECKING:
+    from poprun_py.launch.preflight import PreflightReport
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
@@ -252,26 +253,39 @@ class SlurmSession:
         self.prep = prep
         self.stack = contextlib.ExitStack()
         self.environ: dict[str, str] = {}
+        self.report: PreflightReport | None = None
 
     def preflight(self, prep: Prepared) -> Checked:
-        """srun is on PATH; then the allocation (asked for now when there is none); with
-        ``--network``, each node's interface in it (one discovery step)."""
+        """srun is on PATH; then the allocation (asked for now when there is none); then, in
+        one step, every node's checks and hardware (:mod:`poprun_py.backends.slurm_discover`),
+        re-planned with what was found."""
         if shutil.which("srun") is None:
             raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
         alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
-        if prep.plan.network and all(h.name != "localhost" for h in prep.plan.hosts):
-            from poprun_py.backends.session import with_topologies
-            from poprun_py.backends.slurm_discover import node_interfaces
+        plan = prep.plan
+        from poprun_py.backends.slurm_discover import discover_nodes, needs_discovery
 
-            prep = with_topologies(prep, {}, node_interfaces(prep, self.environ))
+        if all(h.name != "localhost" for h in plan.hosts) and needs_discovery(plan):
+            from poprun_py.backends.session import with_topologies
+
+            self.report = report = discover_nodes(plan, self.environ)
+            for warning in report.warnings:
+                log.warning("%s", warning)
+            prep = with_topologies(prep, report.topologies, report.interfaces(plan.network))
+            return Checked(prep, report.topologies)
         return Checked(prep, {})
 
     def sync(self, paths: Sequence[str]) -> None:
         """Nodes of an allocation share the job directory (see the README)."""
 
     def stage(self, job: RenderedJob) -> None:
-        """srun's tasks read the job's files from the job directory."""
+        """srun's tasks read the job's files from the job directory; numactl must be on the
+        nodes whose tasks run under it."""
+        if self.report is not None:
+            from poprun_py.launch.preflight import check_numactl
+
+            check_numactl(job, self.report)
 
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> LauncherRun:
         """Start the step inside the allocation."""

@@ -1,15 +1,16 @@
-"""``--network`` inside a Slurm allocation: one step, a task per node, runs the hardware
-discovery snippet (:data:`poprun_py.core.hardware.DISCOVERY_SCRIPT`) and names its node
-(``SLURMD_NODENAME``); each node's interface in the network is then the plan's, and a node with
-no address in it is a preflight fault (exit 3).
+"""Preflight inside a Slurm allocation: one step, a task per node, runs preflight's check script
+(:data:`poprun_py.launch.preflight.CHECK_SCRIPT`: working directory, program, numactl, the NUMA
+topology, GPUs, RDMA NICs and interfaces) and names its node (``SLURMD_NODENAME``). Each node's
+answer is parsed as an SSH host's is (:func:`~poprun_py.launch.preflight.parse_check_output`), so
+the plan binds discovered topologies and devices, ``--network`` picks each node's interface, and
+every node's faults come at once (exit 3, nothing started). The step is skipped when every node's
+topology is declared and there is no ``--network``.
 
 Example:
 
-    >>> text = ("0: host n1\\n0: 2: eth0    inet 198.18.0.11/24 scope global eth0\\n"
-    ...         "1: host n2\\n1: 2: eth0    inet 198.18.0.12/24 scope global eth0\\n")
-    >>> found = per_node(text)
-    >>> sorted(found), found["n2"].interface_in("198.18.0.0/24")
-    (['n1', 'n2'], ('eth0', '198.18.0.12'))
+    >>> text = ("0: host n1\\n0: wd 1\\n1: host n2\\n1: wd 0\\n")
+    >>> {name: lines for name, lines in per_node(text).items()}
+    {'n1': 'wd 1', 'n2': 'wd 0'}
 """
 
 from __future__ import annotations
@@ -19,39 +20,52 @@ import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from poprun_py.core.hardware import DISCOVERY_SCRIPT, Hardware, parse_discovery
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.launch.preflight import (
+    CHECK_SCRIPT,
+    HostReport,
+    PreflightReport,
+    checks_argv,
+    checks_for_plan,
+    parse_check_output,
+)
 
 if TYPE_CHECKING:
-    from poprun_py.prepare.job import Prepared
+    from poprun_py.core.plan import LaunchPlan
 
-SCRIPT = 'echo "host $SLURMD_NODENAME"; poprun_discover "" 1'
+TASK = 'echo "host $SLURMD_NODENAME"; exec sh -c "$0" "$@"'
+"""Each task names its node, then runs the check script (its ``$0``) with the checks' arguments."""
 TIMEOUT = 60.0
 
 
-def per_node(text: str) -> dict[str, Hardware]:
-    """Node name -> what its task found, from ``srun --label`` output."""
+def needs_discovery(plan: LaunchPlan) -> bool:
+    """Whether preflight must ask the nodes: a node without a declared topology, or a network."""
+    return bool(plan.network) or any(h.topology is None for h in plan.cluster.hosts)
+
+
+def per_node(text: str) -> dict[str, str]:
+    """Node name -> what its task wrote after its name, from ``srun --label`` output."""
     tasks: dict[str, list[str]] = {}
     for line in text.splitlines():
         label, sep, rest = line.partition(": ")
         if sep and label.strip().isdigit():
             tasks.setdefault(label.strip(), []).append(rest)
-    found = {}
-    for lines in tasks.values():
-        if lines and lines[0].startswith("host "):
-            found[lines[0][5:].strip()] = parse_discovery("\n".join(lines[1:]))
-    return found
+    return {
+        lines[0][5:].strip(): "\n".join(lines[1:])
+        for lines in tasks.values()
+        if lines and lines[0].startswith("host ")
+    }
 
 
-def node_interfaces(prep: Prepared, environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-    """Each node's (interface, address) in ``--network``; PreflightError for nodes with none."""
-    plan, network = prep.plan, prep.plan.network
-    assert network is not None
+def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str]) -> PreflightReport:
+    """Every node's report from one step; PreflightError with every node's faults."""
     names = [h.name for h in plan.hosts]
+    checks = checks_for_plan(plan)
     argv = [
         "srun", "--label", f"--nodes={len(names)}", f"--ntasks={len(names)}",
-        "--ntasks-per-node=1", f"--nodelist={','.join(names)}", "--job-name=poprun-discover",
-        "sh", "-c", "poprun_discover() {" + DISCOVERY_SCRIPT + "}\n" + SCRIPT,
+        "--ntasks-per-node=1", f"--nodelist={','.join(names)}", "--job-name=poprun-preflight",
+        "--cpu-bind=none", "sh", "-c", TASK, CHECK_SCRIPT,
+        *checks_argv(checks, bool(checks.numactl_hosts))[3:],
     ]  # fmt: skip
     try:
         out = subprocess.run(
@@ -59,20 +73,20 @@ def node_interfaces(prep: Prepared, environ: Mapping[str, str]) -> dict[str, tup
             timeout=TIMEOUT, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PreflightError([Fault("localhost", "network", f"srun discovery: {exc}")]) from None
+        raise PreflightError([Fault("localhost", "srun", f"preflight step: {exc}")]) from None
     found = per_node(out.stdout)
-    interfaces, faults = {}, []
+    hosts, faults, warnings = [], [], []
     for name in names:
-        hw = found.get(name)
-        iface = hw.interface_in(network) if hw is not None else None
-        if iface is not None:
-            interfaces[name] = iface
-        elif hw is None:
+        if name not in found:
             detail = (out.stderr.strip().splitlines() or ["no answer"])[-1]
-            faults.append(Fault(name, "network", f"discovery step gave nothing: {detail}"))
-        else:
-            has = hw.describe_addresses()
-            faults.append(Fault(name, "network", f"no address in {network} (has: {has})"))
+            faults.append(Fault(name, "checks", f"preflight step gave nothing: {detail}"))
+            hosts.append(HostReport(name))
+            continue
+        host_faults, report = parse_check_output(name, checks, found[name])
+        faults += host_faults
+        hosts.append(report)
+        if report.topology is None:
+            warnings.append(f"{name}: NUMA topology could not be discovered")
     if faults:
         raise PreflightError(faults)
-    return interfaces
+    return PreflightReport(tuple(hosts), (), tuple(warnings))

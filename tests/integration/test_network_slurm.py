@@ -1,6 +1,8 @@
-"""``--network`` inside a real test Slurm: one discovery step finds each node's interface
-(``GLOO_SOCKET_IFNAME``, ``MASTER_ADDR`` on the network), a network no node is on is exit 3
-naming the nodes; nothing is left in squeue."""
+"""Preflight inside a real test Slurm: one step checks every node and discovers its hardware.
+With ``--network`` it finds each node's interface (``GLOO_SOCKET_IFNAME``, ``MASTER_ADDR`` on
+the network), and a network no node is on is exit 3 naming the nodes; without a declared
+topology the nodes' discovered NUMA topology binds the instances; a program missing on the nodes
+is exit 3 before anything starts. Nothing is left in squeue."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.prepare.discover import discover_local
 from tests.integration.test_slurm_cli import logs, poprun, squeue_empty
 from tests.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 SHOW = 'echo "$RANK $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME $MASTER_ADDR"'
+AFFINITY = "echo $RANK $SLURMD_NODENAME $(grep Cpus_allowed_list /proc/self/status | cut -f2)"
 
 
 def test_slurm_nodes_get_their_interface_in_the_network(
@@ -39,4 +43,41 @@ def test_slurm_nodes_get_their_interface_in_the_network(
     assert (
         all(n.name in proc.stderr for n in nodes) and "no address in 198.19.254.0/24" in proc.stderr
     )
+    assert squeue_empty(slurm_env)
+
+
+def test_slurm_nodes_topology_is_discovered_and_binds_the_instances(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    cpus = discover_local().numa_nodes[0].cpus  # the nodes share this machine's sysfs
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to tell a bound instance from an unbound one")
+    nodes = slurm_cluster.node_names[:2]
+    out = tmp_path / "out"
+    proc = poprun(
+        ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "-n", "4", "--time", "5",
+         "-o", str(out), "--", "sh", "-c", AFFINITY],
+        slurm_env, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    seen = logs(out, 4)
+    for node in nodes:  # each node's two instances: one CPU each, not the same one
+        mine = sorted(line[2] for line in seen if line[1] == node)
+        assert len(mine) == 2 and mine[0] != mine[1], seen
+        assert all(str(cpu) in {str(c) for c in cpus} for cpu in mine), seen
+    assert squeue_empty(slurm_env)
+
+
+def test_a_program_missing_on_the_slurm_nodes_is_a_preflight_fault(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    nodes = slurm_cluster.node_names[:2]
+    proc = poprun(
+        ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "--time", "5",
+         "--", "/no/such/trainer", "--steps", "3"],
+        slurm_env, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert all(n in proc.stderr for n in nodes) and "/no/such/trainer" in proc.stderr
+    assert "not an executable file" in proc.stderr
     assert squeue_empty(slurm_env)
