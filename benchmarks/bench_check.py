@@ -1,7 +1,8 @@
 """``poprun-py check`` on 16 real test hosts with a data network (issue 15: within 3 s), beside
 ``poprun-py launch --backend ssh true`` on the same hosts (connect, preflight, start, wait: the
-floor any check through the launcher pays), interleaved round by round, median of N runs, the
-median of the per-round differences, whether the target is met, and the load averages. Then
+floor any check through the launcher pays) and OpenSSH's own ``ssh HOST true`` to every host at
+once (the peer: the 16 logins alone, nothing run), interleaved round by round, median of N runs,
+the median of the per-round differences, whether the target is met, and the load averages. Then
 what hardware discovery adds to preflight on those hosts: the check script through the hosts'
 running agents (the session preflight already has), with and without discovery, and with
 ``--network``'s addresses, interleaved, median per round trip over every host in parallel.
@@ -38,6 +39,7 @@ from tests.hostfixtures import session_tag  # noqa: E402
 
 PLAIN = "poprun-py launch --backend ssh true"
 CHECK = "poprun-py check --network DATA"
+LOGINS = "OpenSSH: ssh HOST true, every host at once"
 TARGET = 3.0  # seconds, issue 15
 
 
@@ -55,6 +57,24 @@ def timed(argv: list[str]) -> float:
             f"{argv[1:3]} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-900:]}"
         )
     return elapsed
+
+
+def logins(cluster: TestCluster) -> float:
+    """Seconds for OpenSSH's ``ssh HOST true`` to every host at once (the hosts' login shells)."""
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            ["ssh", "-F", str(cluster.ssh_config), host.address, "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for host in cluster.hosts
+    ]
+    failed = [p.args[-2] for p in procs if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"ssh failed on {failed}")
+    return time.perf_counter() - start
 
 
 def discovery_cost(cluster: TestCluster, spec: Path, runs: int) -> dict[str, float]:
@@ -110,16 +130,17 @@ def main() -> None:
         started_at = load()
         for argv in cmds.values():
             timed(argv)  # warm caches, check it works
-        times: dict[str, list[float]] = {label: [] for label in cmds}
+        times: dict[str, list[float]] = {label: [] for label in [*cmds, LOGINS]}
         for _ in range(args.runs):
             for label, argv in cmds.items():
                 times[label].append(timed(argv))
+            times[LOGINS].append(logins(cluster))
         print(
             f"{args.hosts} test hosts, median of {args.runs} runs, interleaved (load {started_at})"
         )
         for label, values in times.items():
             spread = f"(min {min(values):.2f}, max {max(values):.2f})"
-            print(f"  {label:<40} {statistics.median(values):6.2f} s  {spread}")
+            print(f"  {label:<44} {statistics.median(values):6.2f} s  {spread}")
         check, plain = times[CHECK], times[PLAIN]
         extra = statistics.median(c - p for c, p in zip(check, plain, strict=True))
         verdict = "met" if statistics.median(check) <= TARGET else "not met"

@@ -74,6 +74,8 @@ class AgentPool:
         self._agents: dict[str, AgentConnection] = {}
         self._retired: list[AgentConnection] = []  # agents whose job was handed out
         self._lock = threading.Lock()
+        # built while the connections are being made, before the first agent needs it
+        threading.Thread(target=agent_payload, daemon=True, name="poprun-agent-payload").start()
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]:
@@ -136,10 +138,20 @@ class AgentPool:
             agent.close()
 
 
-@functools.cache
+_PAYLOAD_LOCK = threading.Lock()
+
+
 def agent_payload() -> tuple[list[str], bytes]:
     """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
-    is by a host whose Python has this bytecode magic) and its source (compiled there if not)."""
+    is by a host whose Python has this bytecode magic) and its source (compiled there if not).
+    Built once, whichever host's thread asks first (compiling takes ~16 ms, holding the GIL:
+    16 hosts' threads asking at once used to compile it 16 times)."""
+    with _PAYLOAD_LOCK:
+        return _payload()
+
+
+@functools.cache
+def _payload() -> tuple[list[str], bytes]:
     source = inline_modules(Path(remote_agent.__file__).read_bytes())
     code = marshal.dumps(compile(source, "poprun-agent", "exec"))
     return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
