@@ -143,7 +143,9 @@ def _command(mode: str) -> Callable[..., None]:
                 return
             if mode == "check" or check:
                 stream = sys.stdout if mode == "check" else sys.stderr
-                _check(prep, check_timeout, check_torch, stream)
+                _check(
+                    prep, check_timeout, check_torch, stream, fmt if mode == "check" else "table"
+                )
                 if mode == "check":
                     return
             if print_topology:
@@ -164,16 +166,22 @@ def _command(mode: str) -> Callable[..., None]:
     return command
 
 
-def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO") -> None:
-    """Run the check; print its table; PreflightError (exit 3) naming every bad host."""
+def _check(
+    prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str
+) -> None:
+    """Run the check; print its table (or JSON); PreflightError (exit 3) naming every bad
+    host."""
     from poprun_py.errors import PreflightError
-    from poprun_py.launch.check import report_lines, run_check
+    from poprun_py.launch.check import report_dict, report_lines, run_check
 
     if timeout <= 0:
         raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
     with _warnings_to_stderr():
         report = run_check(prep, timeout, torch)
-    stream.write("\n".join(report_lines(report)) + "\n")
+    if fmt == "json":
+        stream.write(json.dumps(report_dict(report), separators=(",", ":")) + "\n")
+    else:
+        stream.write("\n".join(report_lines(report)) + "\n")
     stream.flush()
     if report.faults:
         raise PreflightError(report.faults)

@@ -198,6 +198,24 @@ def _mark_slow(hosts: list[HostCheck]) -> None:
             hosts[k] = replace(h, problems=(*h.problems, *slow))
 
 
+def report_dict(report: CheckReport) -> dict[str, Any]:
+    """The report as ``check --format json`` prints it: every host's figures and problems."""
+    hosts = [
+        {
+            "host": h.host,
+            "instances": h.instances,
+            "latency_ms": h.latency_ms,
+            "bandwidth_mbps": h.bandwidth_mbps,
+            "devices": h.devices,
+            "gloo": h.gloo,
+            "ok": h.ok,
+            "problems": list(h.problems),
+        }
+        for h in report.hosts
+    ]
+    return {"ok": not report.faults, "seconds": round(report.seconds, 3), "hosts": hosts}
+
+
 def report_lines(report: CheckReport) -> list[str]:
     """The per-host table the CLI prints."""
     from poprun_py.core.views import table_lines

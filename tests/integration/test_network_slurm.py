@@ -6,6 +6,7 @@ is exit 3 before anything starts. Nothing is left in squeue."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,4 +81,20 @@ def test_a_program_missing_on_the_slurm_nodes_is_a_preflight_fault(
     assert proc.returncode == 3, proc.stderr
     assert all(n in proc.stderr for n in nodes) and "/no/such/trainer" in proc.stderr
     assert "not an executable file" in proc.stderr
+    assert squeue_empty(slurm_env)
+
+
+def test_check_runs_on_the_slurm_nodes_through_the_step(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    nodes = slurm_cluster.node_names[:2]
+    proc = poprun(
+        ["check", "--backend", "slurm", "--hosts", ",".join(nodes), "-n", "4", "--time", "5",
+         "--network", "198.18.0.0/15", "--format", "json"],
+        slurm_env, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [h["host"] for h in report["hosts"]] == list(nodes), report
+    assert all(h["ok"] and h["instances"] == 2 for h in report["hosts"]), report
     assert squeue_empty(slurm_env)

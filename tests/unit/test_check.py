@@ -9,7 +9,7 @@ from poprun_py.check_instance import check_devices
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
-from poprun_py.launch.check import judge, parse_lines, report_lines
+from poprun_py.launch.check import judge, parse_lines, report_dict, report_lines
 
 
 def plan(hosts: str = "h[1-4]") -> LaunchPlan:
@@ -42,6 +42,17 @@ def test_the_unreachable_host_is_named_not_the_ones_waiting_for_it() -> None:
     assert [(f.host, f.detail) for f in faults] == [
         ("h3", "instance 2: cannot reach MASTER_ADDR 198.19.0.11:29500")
     ]
+
+
+def test_the_json_report_has_every_hosts_figures_and_problems() -> None:
+    reports = {i: good(i) for i in (0, 1, 2)}
+    found = report_dict(judge(plan(), reports))
+    assert found["ok"] is False and [h["host"] for h in found["hosts"]] == ["h1", "h2", "h3", "h4"]
+    assert found["hosts"][0] == {
+        "host": "h1", "instances": 1, "latency_ms": 0.05, "bandwidth_mbps": 900.0,
+        "devices": "-", "gloo": "-", "ok": True, "problems": [],
+    }  # fmt: skip
+    assert found["hosts"][3]["ok"] is False and found["hosts"][3]["problems"]
 
 
 def test_an_instance_without_a_report_is_named() -> None:
