@@ -166,9 +166,7 @@ def _command(mode: str) -> Callable[..., None]:
     return command
 
 
-def _check(
-    prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str
-) -> None:
+def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str) -> None:
     """Run the check; print its table (or JSON); PreflightError (exit 3) naming every bad
     host."""
     from poprun_py.errors import PreflightError
