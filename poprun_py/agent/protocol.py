@@ -21,12 +21,10 @@ poprun-py to the agent (its stdin):
    (a hung job's stacks: ``py-spy dump`` of every running instance's Python processes where
    py-spy is on the agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others
    among ``F``, the comma-separated indexes that registered faulthandler, ``-`` for none),
-   ``dump-ranks`` (the
-   same for an MPI daemon's ranks, relayed (:mod:`poprun_py.agent.relay`): ``py-spy dump`` of
-   every Python process of the instances' trees, each filed under its rank from its
-   environment, ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends
-   the answer; no SIGUSR1: the launcher decides). End of input means
-   poprun-py is gone: stop everything.
+   ``dump-ranks`` (the same for an MPI daemon's ranks, relayed: ``py-spy dump`` of every
+   Python process of the instances' trees, each filed under its rank from its environment,
+   ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends the answer;
+   no SIGUSR1: the launcher decides). End of input means poprun-py is gone: stop everything.
 
 The agent to poprun-py (its stdout), about the job::
 

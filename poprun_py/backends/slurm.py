@@ -259,13 +259,13 @@ class SlurmSession:
         """srun is on PATH; then the allocation (asked for now when there is none); then, in
         one step, every node's checks and hardware (:mod:`poprun_py.backends.slurm_discover`),
         re-planned with what was found."""
+        from poprun_py.backends.slurm_discover import discover_nodes, needs_discovery
+
         if shutil.which("srun") is None:
             raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
         alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
         plan = prep.plan
-        from poprun_py.backends.slurm_discover import discover_nodes, needs_discovery
-
         if all(h.name != "localhost" for h in plan.hosts) and needs_discovery(plan):
             from poprun_py.backends.session import with_topologies
 
