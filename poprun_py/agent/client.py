@@ -75,7 +75,7 @@ class AgentPool:
         self._retired: list[AgentConnection] = []  # agents whose job was handed out
         self._lock = threading.Lock()
         # built while the connections are being made, before the first agent needs it
-        threading.Thread(target=agent_payload, daemon=True, name="poprun-agent-payload").start()
+        threading.Thread(target=_warm_up, daemon=True, name="poprun-agent-payload").start()
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]:
@@ -148,6 +148,12 @@ def agent_payload() -> tuple[list[str], bytes]:
     16 hosts' threads asking at once used to compile it 16 times)."""
     with _PAYLOAD_LOCK:
         return _payload()
+
+
+def _warm_up() -> None:
+    """Build the payload ahead of need; a failure is left for the first agent's start to raise."""
+    with contextlib.suppress(Exception):
+        agent_payload()
 
 
 @functools.cache

@@ -85,6 +85,8 @@ class Relay:
     """What a launcher needs from a relay: mpirun's extra environment and the hosts lost.
     This base relays nothing (a local launch, or the user's own ``plm_rsh_agent``)."""
 
+    relays = False  # whether daemons start through the agents (they can reach the ranks)
+
     def __init__(self) -> None:
         self.environ: dict[str, str] = {}
         self.lost: dict[str, Lost] = {}
@@ -126,6 +128,8 @@ def host_names(job: RenderedJob) -> dict[str, str]:
 
 class RshRelay(Relay):
     """Serves the shim on a Unix socket while mpirun runs (a context manager)."""
+
+    relays = True
 
     def __init__(self, agents: AgentPool, names: dict[str, str], timing: Timing):
         super().__init__()

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import shutil
+import signal
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderArgs, RenderedJob
+
+log = logging.getLogger(__name__)
 
 HYDRA = "mpiexec.hydra"
 MPIEXEC_MISSING = "mpiexec.hydra not found on PATH; install MPICH (Debian: mpich)"
@@ -205,19 +209,30 @@ class MpiexecBackend(Defaults):
                 run,
                 stack.pop_all(),
                 lambda done: rank_results(done, hosts, report, relay.lost),
-                functools.partial(to_ranks, run, relay),
+                functools.partial(to_ranks, run, relay, job.plan.cluster.all_local),
                 relay=relay,
                 ranks=hosts,
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
-def to_ranks(run: Supervision, relay: Relay, signum: int) -> None:
+def to_ranks(run: Supervision, relay: Relay, all_local: bool, signum: int) -> None:
     """SIGUSR1/SIGUSR2 to every rank, past hydra (which dies of SIGUSR2): the ranks under this
     machine's proxies from here, the others by their hosts' agents; each rank's wrapper
-    survives it (``mpiexec.j2``)."""
-    signal_ranks(list(run.live), signum)
-    relay.signal_ranks(signum)
+    survives it (``mpiexec.j2``). When hydra starts remote proxies itself (the user's own
+    ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra, which passes it on, and SIGUSR2
+    is dropped with a warning."""
+    if relay.relays or all_local:
+        signal_ranks(list(run.live), signum)
+        relay.signal_ranks(signum)
+    elif signum == signal.SIGUSR1:
+        run.signal(signum)
+    else:
+        log.warning(
+            "mpiexec with its own launcher cannot pass signal %d on to the remote ranks (hydra"
+            " would die of it): not forwarded",
+            signum,
+        )
 
 
 def check_hydra(name: str, path: str | None = None) -> None:

@@ -269,7 +269,7 @@ class SlurmSession:
         if all(h.name != "localhost" for h in plan.hosts) and needs_discovery(plan):
             from poprun_py.backends.session import with_topologies
 
-            self.report = report = discover_nodes(plan, self.environ)
+            self.report = report = discover_nodes(plan, self.environ, alloc.job_id)
             for warning in report.warnings:
                 log.warning("%s", warning)
             prep = with_topologies(prep, report.topologies, report.interfaces(plan.network))

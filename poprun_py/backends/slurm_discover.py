@@ -2,25 +2,37 @@
 (:data:`poprun_py.launch.preflight.CHECK_SCRIPT`: working directory, program, numactl, the NUMA
 topology, GPUs, RDMA NICs and interfaces) and names its node (``SLURMD_NODENAME``). Each node's
 answer is parsed as an SSH host's is (:func:`~poprun_py.launch.preflight.parse_check_output`), so
-the plan binds discovered topologies and devices, ``--network`` picks each node's interface, and
-every node's faults come at once (exit 3, nothing started). The step is skipped when every node's
-topology is declared and there is no ``--network``.
+``--network`` picks each node's interface and every node's faults come at once (exit 3, nothing
+started). The step overlaps (``--overlap``) any step already running in the allocation, so it
+never waits for CPUs another step holds; it is skipped when every node's topology is declared
+and there is no ``--network``.
+
+A discovered topology is the whole node's. The plan binds instances and gives them devices
+from it only where the job holds every CPU of the node (``scontrol show job -d``'s ``CPU_IDs``
+per node: an ``--exclusive`` allocation, or one asking for all of them): binding to CPUs
+another job holds would fail. Elsewhere a warning says so, and srun places the tasks itself, as
+without discovery.
 
 Example:
 
-    >>> text = ("0: host n1\\n0: wd 1\\n1: host n2\\n1: wd 0\\n")
-    >>> {name: lines for name, lines in per_node(text).items()}
+    >>> per_node("0: host n1\\n0: wd 1\\n1: host n2\\n1: wd 0\\n")
     {'n1': 'wd 1', 'n2': 'wd 0'}
+    >>> held_cpus("JobId=7 NumCPUs=6 Nodes=n[1-2] CPU_IDs=0-1 Mem=0 Nodes=n3 CPU_IDs=0,2 Mem=0")
+    {'n1': 2, 'n2': 2, 'n3': 2}
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from poprun_py.errors import Fault, PreflightError
+from poprun_py.core.hosts import expand_names
+from poprun_py.core.topology import TopologyError, parse_cpulist
+from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.launch.preflight import (
     CHECK_SCRIPT,
     HostReport,
@@ -29,6 +41,7 @@ from poprun_py.launch.preflight import (
     checks_for_plan,
     parse_check_output,
 )
+from poprun_py.process.commands import run_captured
 
 if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
@@ -36,11 +49,14 @@ if TYPE_CHECKING:
 TASK = 'echo "host $SLURMD_NODENAME"; exec sh -c "$0" "$@"'
 """Each task names its node, then runs the check script (its ``$0``) with the checks' arguments."""
 TIMEOUT = 60.0
+SCONTROL_TIMEOUT = 10.0
+STOP_WAIT = 5.0  # seconds for srun to end its step after two SIGINTs, before SIGKILL
+_NODE_CPUS = re.compile(r"\bNodes=(\S+) CPU_IDs=(\S+)")
 
 
 def needs_discovery(plan: LaunchPlan) -> bool:
     """Whether preflight must ask the nodes: a node without a declared topology, or a network."""
-    return bool(plan.network) or any(h.topology is None for h in plan.cluster.hosts)
+    return bool(plan.network) or any(h.spec.topology is None for h in plan.hosts)
 
 
 def per_node(text: str) -> dict[str, str]:
@@ -51,42 +67,99 @@ def per_node(text: str) -> dict[str, str]:
         if sep and label.strip().isdigit():
             tasks.setdefault(label.strip(), []).append(rest)
     return {
-        lines[0][5:].strip(): "\n".join(lines[1:])
+        lines[0].split()[1]: "\n".join(lines[1:])
         for lines in tasks.values()
-        if lines and lines[0].startswith("host ")
+        if lines and lines[0].startswith("host ") and len(lines[0].split()) > 1
     }
 
 
-def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str]) -> PreflightReport:
-    """Every node's report from one step; PreflightError with every node's faults."""
+def held_cpus(text: str) -> dict[str, int]:
+    """How many CPUs the job holds on each node, from ``scontrol show job -d -o JOB``."""
+    held: dict[str, int] = {}
+    for nodes, ids in _NODE_CPUS.findall(text):
+        try:
+            count = len(parse_cpulist(ids))
+            held.update(dict.fromkeys(expand_names(nodes, "Slurm node"), count))
+        except (TopologyError, UsageError):
+            continue
+    return held
+
+
+def job_cpus(job_id: str, environ: Mapping[str, str]) -> dict[str, int]:
+    """:func:`held_cpus` of job ``job_id``; {} when scontrol cannot say."""
+    argv = ["scontrol", "show", "job", "-d", "-o", job_id]
+    try:
+        proc = run_captured(argv, timeout=SCONTROL_TIMEOUT, env={**os.environ, **environ})
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return held_cpus(proc.stdout) if proc.returncode == 0 else {}
+
+
+def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) -> PreflightReport:
+    """Every node's report from one step (topologies only of the nodes the job holds whole);
+    PreflightError with every node's faults."""
     names = [h.name for h in plan.hosts]
     checks = checks_for_plan(plan)
     argv = [
-        "srun", "--label", f"--nodes={len(names)}", f"--ntasks={len(names)}",
+        "srun", "--overlap", "--label", f"--nodes={len(names)}", f"--ntasks={len(names)}",
         "--ntasks-per-node=1", f"--nodelist={','.join(names)}", "--job-name=poprun-preflight",
         "--cpu-bind=none", "sh", "-c", TASK, CHECK_SCRIPT,
         *checks_argv(checks, bool(checks.numactl_hosts))[3:],
     ]  # fmt: skip
-    try:
-        out = subprocess.run(
-            argv, env={**os.environ, **environ}, capture_output=True, text=True,
-            timeout=TIMEOUT, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PreflightError([Fault("localhost", "srun", f"preflight step: {exc}")]) from None
-    found = per_node(out.stdout)
-    hosts, faults, warnings = [], [], []
+    code, out, err = _run_step(argv, {**os.environ, **environ})
+    found = per_node(out)
+    if not found:
+        detail = (err.strip().splitlines() or [f"exit {code}, no answer"])[-1]
+        raise PreflightError([Fault("localhost", "srun", f"preflight step failed: {detail}")])
+    held = job_cpus(job_id, environ)
+    hosts, faults, warnings, shared = [], [], [], []
     for name in names:
         if name not in found:
-            detail = (out.stderr.strip().splitlines() or ["no answer"])[-1]
-            faults.append(Fault(name, "checks", f"preflight step gave nothing: {detail}"))
+            faults.append(Fault(name, "checks", "no answer from its preflight task"))
             hosts.append(HostReport(name))
             continue
         host_faults, report = parse_check_output(name, checks, found[name])
         faults += host_faults
-        hosts.append(report)
         if report.topology is None:
             warnings.append(f"{name}: NUMA topology could not be discovered")
+        elif (held.get(name) or 0) < len(report.topology.cpus):
+            shared.append(f"{name} ({held.get(name) or '?'} of {len(report.topology.cpus)})")
+            report = HostReport(name, hardware=report.hardware, numactl=report.numactl)
+        hosts.append(report)
     if faults:
         raise PreflightError(faults)
+    if shared:
+        warnings.append(
+            "the allocation holds only some CPUs of node(s) " + ", ".join(shared)
+            + ": their discovered NUMA binding and devices are not used (allocate whole nodes,"
+            " e.g. --exclusive, or declare their topology in the spec)"
+        )  # fmt: skip
     return PreflightReport(tuple(hosts), (), tuple(warnings))
+
+
+def _run_step(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run the step; on timeout, end it as srun does on a double Ctrl-C, then PreflightError."""
+    try:
+        proc = subprocess.Popen(
+            argv, env=env, text=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    except OSError as exc:
+        raise PreflightError([Fault("localhost", "srun", f"preflight step: {exc}")]) from None
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # twice within a second: srun ends the step
+        try:
+            proc.communicate(timeout=STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        why = f"preflight step: no answer in {TIMEOUT:g} s"
+        raise PreflightError([Fault("localhost", "srun", why)]) from None
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, out, err

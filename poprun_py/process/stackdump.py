@@ -118,24 +118,46 @@ def _is_rank_wrapper(pid: int) -> bool:
     return len(argv) > 3 and argv[1] == b"-c" and argv[3] == RANK_WRAPPER
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in ``/proc``): a rank's
+    wrapper that has not run its ``trap`` yet would die of the signal."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    for member in tree(pid):
+        try:
+            os.kill(member, sig)
+        except OSError:
+            continue  # it ended meanwhile
+
+
 def signal_ranks(roots: list[int], sig: int) -> int:
     """Send ``sig`` to every rank of an mpiexec job in the trees of ``roots``: the process
     group of each rank wrapper (:data:`RANK_WRAPPER`) that leads one, else the wrapper and its
-    descendants; return how many ranks were signalled."""
+    descendants; a wrapper not catching ``sig`` yet (just started) is left alone. Return how
+    many ranks were signalled."""
     count = 0
     for root in roots:
         for pid in tree(root):
-            if pid == root or not _is_rank_wrapper(pid):
+            if pid == root or not _is_rank_wrapper(pid) or not catches(pid, sig):
                 continue
             try:
-                if os.getpgid(pid) == pid:
+                leads = os.getpgid(pid) == pid
+                if leads:
                     os.killpg(pid, sig)
-                else:
-                    for member in tree(pid):
-                        os.kill(member, sig)
-                count += 1
             except OSError:
                 continue  # it ended meanwhile
+            if not leads:
+                _signal_tree(pid, sig)
+            count += 1
     return count
 
 

@@ -1,12 +1,16 @@
 """Preflight inside a real test Slurm: one step checks every node and discovers its hardware.
 With ``--network`` it finds each node's interface (``GLOO_SOCKET_IFNAME``, ``MASTER_ADDR`` on
 the network), and a network no node is on is exit 3 naming the nodes; without a declared
-topology the nodes' discovered NUMA topology binds the instances; a program missing on the nodes
-is exit 3 before anything starts. Nothing is left in squeue."""
+topology the nodes' discovered NUMA topology binds the instances where the job holds whole
+nodes, and inside a shared allocation Slurm places them (with a warning); a program missing on
+the nodes is exit 3 before anything starts; ``check`` runs on the nodes. Nothing is left in
+squeue."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,25 +51,35 @@ def test_slurm_nodes_get_their_interface_in_the_network(
     assert squeue_empty(slurm_env)
 
 
-def test_slurm_nodes_topology_is_discovered_and_binds_the_instances(
+def test_slurm_nodes_topology_is_discovered_and_binds_the_instances_on_whole_nodes(
     slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     cpus = discover_local().numa_nodes[0].cpus  # the nodes share this machine's sysfs
-    if len(cpus) < 2:
-        pytest.skip("needs two CPUs to tell a bound instance from an unbound one")
+    if len(cpus) != 2:
+        pytest.skip("the test Slurm's nodes need exactly two CPUs here")
     nodes = slurm_cluster.node_names[:2]
     out = tmp_path / "out"
+    args = ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "--time", "5"]
     proc = poprun(
-        ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "-n", "4", "--time", "5",
-         "-o", str(out), "--", "sh", "-c", AFFINITY],
-        slurm_env, tmp_path,
-    )  # fmt: skip
+        [*args, "-n", "4", "-o", str(out), "--", "sh", "-c", AFFINITY], slurm_env, tmp_path
+    )  # 4 tasks: the allocation holds both CPUs of each node
     assert proc.returncode == 0, proc.stderr
     seen = logs(out, 4)
     for node in nodes:  # each node's two instances: one CPU each, not the same one
         mine = sorted(line[2] for line in seen if line[1] == node)
-        assert len(mine) == 2 and mine[0] != mine[1], seen
-        assert all(str(cpu) in {str(c) for c in cpus} for cpu in mine), seen
+        assert mine == ["0", "1"], seen
+    assert "holds only some CPUs" not in proc.stderr
+    inside = ["salloc", "--nodes=2", "--ntasks=2", f"--nodelist={','.join(nodes)}", "-t", "5"]
+    proc = subprocess.run(
+        [*inside, sys.executable, "-m", "poprun_py", *args[:-2], "-n", "2", "-o", str(out),
+         "--", "sh", "-c", AFFINITY],
+        env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip  # inside the user's allocation, not exclusive: one CPU of each node
+    assert proc.returncode == 0, proc.stderr
+    placed = [line[2] for line in logs(out, 2)]  # by Slurm, on the one CPU the job holds
+    assert all(cpu.isdigit() for cpu in placed), placed
+    shared = f"holds only some CPUs of node(s) {nodes[0]} (1 of 2), {nodes[1]} (1 of 2)"
+    assert shared in proc.stderr
     assert squeue_empty(slurm_env)
 
 
