@@ -399,7 +399,9 @@ def test_a_hung_slurm_step_has_every_stack_in_the_logs(
     path = (
         os.environ["PATH"]
         if pyspy
-        else os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d != venv)
+        else os.pathsep.join(  # no py-spy anywhere on it: not only the venv's
+            d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "py-spy").exists()
+        )
     )
     env = {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": path}
     run = started(args, tmp_path, env=env)
