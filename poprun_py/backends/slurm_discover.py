@@ -23,16 +23,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import signal
+import secrets
 import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from poprun_py.backends.slurm_alloc import cancel_steps
 from poprun_py.core.hosts import expand_names
 from poprun_py.core.topology import TopologyError, parse_cpulist
-from poprun_py.errors import Fault, PreflightError, UsageError
+from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
 from poprun_py.launch.preflight import (
     CHECK_SCRIPT,
     HostReport,
@@ -50,7 +52,6 @@ TASK = 'echo "host $SLURMD_NODENAME"; exec sh -c "$0" "$@"'
 """Each task names its node, then runs the check script (its ``$0``) with the checks' arguments."""
 TIMEOUT = 60.0
 SCONTROL_TIMEOUT = 10.0
-STOP_WAIT = 5.0  # seconds for srun to end its step after two SIGINTs, before SIGKILL
 _NODE_CPUS = re.compile(r"\bNodes=(\S+) CPU_IDs=(\S+)")
 
 
@@ -100,13 +101,14 @@ def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) ->
     PreflightError with every node's faults."""
     names = [h.name for h in plan.hosts]
     checks = checks_for_plan(plan)
+    step = f"poprun-preflight-{secrets.token_hex(4)}"  # this launch's alone: cancelled by name
     argv = [
         "srun", "--overlap", "--label", f"--nodes={len(names)}", f"--ntasks={len(names)}",
-        "--ntasks-per-node=1", f"--nodelist={','.join(names)}", "--job-name=poprun-preflight",
+        "--ntasks-per-node=1", f"--nodelist={','.join(names)}", f"--job-name={step}",
         "--cpu-bind=none", "sh", "-c", TASK, CHECK_SCRIPT,
         *checks_argv(checks, bool(checks.numactl_hosts))[3:],
     ]  # fmt: skip
-    code, out, err = _run_step(argv, {**os.environ, **environ})
+    code, out, err = _run_step(argv, {**os.environ, **environ}, step)
     found = per_node(out)
     if not found:
         detail = (err.strip().splitlines() or [f"exit {code}, no answer"])[-1]
@@ -137,8 +139,9 @@ def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) ->
     return PreflightReport(tuple(hosts), (), tuple(warnings))
 
 
-def _run_step(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    """Run the step; on timeout, end it as srun does on a double Ctrl-C, then PreflightError."""
+def _run_step(argv: list[str], env: dict[str, str], step: str) -> tuple[int, str, str]:
+    """Run the step; on timeout (or an interruption) kill srun and cancel the step by its name,
+    so that nothing of it is left in the allocation, then PreflightError (or re-raise)."""
     try:
         proc = subprocess.Popen(
             argv, env=env, text=True, stdin=subprocess.DEVNULL,
@@ -148,18 +151,13 @@ def _run_step(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
         raise PreflightError([Fault("localhost", "srun", f"preflight step: {exc}")]) from None
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)  # twice within a second: srun ends the step
-        try:
-            proc.communicate(timeout=STOP_WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        why = f"preflight step: no answer in {TIMEOUT:g} s"
-        raise PreflightError([Fault("localhost", "srun", why)]) from None
-    except BaseException:
+    except BaseException as exc:
         proc.kill()
         proc.communicate()
-        raise
+        with contextlib.suppress(BackendError):
+            cancel_steps([step], env)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        why = f"preflight step: no answer in {TIMEOUT:g} s"
+        raise PreflightError([Fault("localhost", "srun", why)]) from None
     return proc.returncode, out, err
