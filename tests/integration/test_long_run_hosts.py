@@ -32,17 +32,20 @@ PY = sys.executable
 
 WAIT_SIGNALS = """
 import os, signal, sys, time
+want = set(sys.argv[1:] or ["usr1", "usr2"])
 got = set()
 signal.signal(signal.SIGUSR1, lambda *a: got.add("usr1"))
-signal.signal(signal.SIGUSR2, lambda *a: got.add("usr2"))
+if "usr2" in want:
+    signal.signal(signal.SIGUSR2, lambda *a: got.add("usr2"))
 print("ready", flush=True)
 deadline = time.monotonic() + 30
-while len(got) < 2 and time.monotonic() < deadline:
+while not want <= got and time.monotonic() < deadline:
     time.sleep(0.02)
 print("got " + " ".join(sorted(got)) + " " + os.environ["RANK"], flush=True)
-sys.exit(0 if len(got) == 2 else 5)
+sys.exit(0 if want <= got else 5)
 """
-"""Waits for SIGUSR1 and SIGUSR2 (30 s at most), prints ``got usr1 usr2 RANK``."""
+"""Waits for SIGUSR1 and SIGUSR2 (or only those named in its arguments; 30 s at most), prints
+``got usr1 usr2 RANK``."""
 
 HANG = """
 import os, time
@@ -179,7 +182,7 @@ def test_timeout_stops_every_host_with_124(test_cluster_4: TestCluster, tmp_path
 # ---------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
+@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
 def test_usr1_and_usr2_reach_every_instance_on_every_host_and_the_job_goes_on(
     test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
@@ -188,13 +191,32 @@ def test_usr1_and_usr2_reach_every_instance_on_every_host_and_the_job_goes_on(
     program.write_text(WAIT_SIGNALS)
     run = started(launch_args(spec, backend, 4, "--", PY, str(program)), tmp_path)
     run.wait_for(r"\] ready$", 4)
-    run.proc.send_signal(signal.SIGUSR2)  # hydra would die of it: poprun-py goes past it
+    run.proc.send_signal(signal.SIGUSR2)
     run.proc.send_signal(signal.SIGUSR1)
     code, out, err = run.finish()
     assert code == 0, err
     for rank in range(4):
         assert re.search(rf"\] got usr1 usr2 {rank}$", out, re.M), out
     assert "not forwarded" not in err
+    only_sshd(test_cluster_4)
+
+
+def test_usr1_reaches_every_rank_through_mpiexec_and_usr2_is_dropped(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    program = tmp_path / "wait_usr1.py"
+    program.write_text(WAIT_SIGNALS)
+    args = launch_args(spec, "mpiexec", 4, "--", PY, str(program), "usr1")
+    run = started(args, tmp_path)
+    run.wait_for(r"\] ready$", 4)
+    run.proc.send_signal(signal.SIGUSR2)  # hydra would die of it: dropped, the job goes on
+    run.proc.send_signal(signal.SIGUSR1)
+    code, out, err = run.finish()
+    assert code == 0, err
+    for rank in range(4):
+        assert re.search(rf"\] got usr1 {rank}$", out, re.M), out
+    assert "cannot pass signal 12 on to its instances: not forwarded" in err
     only_sshd(test_cluster_4)
 
 
