@@ -1,5 +1,6 @@
 """Long runs through the CLI on real test hosts (network namespaces with sshd), Open MPI and the
-test Slurm: whole-job restarts, SIGUSR1 reaching every instance, a hang caught with its stacks,
+test Slurm: whole-job restarts, SIGUSR1 and SIGUSR2 reaching every instance (SIGUSR2 dropped,
+with a warning, under mpiexec), a hang caught with its stacks,
 the time limit, and a host cut off mid-run replaced by a spare while the example resumes from
 its checkpoint. Afterwards nothing but sshd may run on any host (the cut host included, once
 it is back)."""
