@@ -97,8 +97,7 @@ class HydraReport(FailureReport):
         """Look at one of a rank's stderr lines; True when it is that rank's failure report."""
         if not super().rank_line(rank, line):
             return False
-        if self.rank is None and self.first_report is not None:
-            self.rank, self.exit_code = self.first_report
+        self.settle()  # the first report is the root cause at once (hydra names none)
         return True
 
     def scan(self, line: str) -> None:

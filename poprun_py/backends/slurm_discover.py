@@ -31,7 +31,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from poprun_py.backends.slurm_alloc import cancel_steps
+from poprun_py.backends.slurm_alloc import CLIENT_TIMEOUT, cancel_steps, client
 from poprun_py.core.hosts import expand_names
 from poprun_py.core.topology import TopologyError, parse_cpulist
 from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
@@ -43,7 +43,6 @@ from poprun_py.launch.preflight import (
     checks_for_plan,
     parse_check_output,
 )
-from poprun_py.process.commands import run_captured
 
 if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 TASK = 'echo "host $SLURMD_NODENAME"; exec sh -c "$0" "$@"'
 """Each task names its node, then runs the check script (its ``$0``) with the checks' arguments."""
 TIMEOUT = 60.0
-SCONTROL_TIMEOUT = 10.0
 _NODE_CPUS = re.compile(r"\bNodes=(\S+) CPU_IDs=(\S+)")
 
 
@@ -90,10 +88,9 @@ def job_cpus(job_id: str, environ: Mapping[str, str]) -> dict[str, int]:
     """:func:`held_cpus` of job ``job_id``; {} when scontrol cannot say."""
     argv = ["scontrol", "show", "job", "-d", "-o", job_id]
     try:
-        proc = run_captured(argv, timeout=SCONTROL_TIMEOUT, env={**os.environ, **environ})
-    except (OSError, subprocess.TimeoutExpired):
+        return held_cpus(client(argv, {**os.environ, **environ}, CLIENT_TIMEOUT))
+    except BackendError:
         return {}
-    return held_cpus(proc.stdout) if proc.returncode == 0 else {}
 
 
 def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) -> PreflightReport:

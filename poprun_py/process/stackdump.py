@@ -161,7 +161,7 @@ def dump_ranks(
             rank = rank_of(pid)
             if rank is not None:
                 jobs.append((rank, pid))
-    return {**{rank: None for rank, _ in jobs}, **_dump_pids(jobs, pyspy, timeout)}
+    return _by_rank(jobs, pyspy, timeout)
 
 
 def dump_step(
@@ -177,6 +177,13 @@ def dump_step(
             rank = rank_of(pid, env, SLURM_RANK_VARS)
             if rank is not None:
                 jobs.append((rank, pid))
+    return _by_rank(jobs, pyspy, timeout)
+
+
+def _by_rank(
+    jobs: list[tuple[int, int]], pyspy: str | None, timeout: float
+) -> dict[int, list[bytes] | None]:
+    """Every rank of ``jobs`` (``(rank, pid)``): its dumped lines, or None (not dumped)."""
     found = _dump_pids(jobs, pyspy, timeout) if pyspy is not None else {}
     return {**{rank: None for rank, _ in jobs}, **found}
 
