@@ -63,6 +63,7 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     REQUEST_PUT,
     REQUEST_RUN,
     SIGNAL_LINE,
+    SIGNAL_RANKS_LINE,
     STACKS,
     STACKS_FAULTHANDLER,
     STACKS_NONE,
@@ -79,6 +80,7 @@ from poprun_py.process.stackdump import (  # inlined: agent_payload
     dump_in_background,
     dump_ranks,
     dump_trees,
+    signal_ranks,
 )
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
@@ -322,6 +324,9 @@ class Agent:
                 self.signal_all(signal.SIGKILL)
             elif line.startswith(SIGNAL_LINE + b" ") and line[4:].isdigit():
                 self.forward(int(line[4:]))
+            elif line.startswith(SIGNAL_RANKS_LINE + b" ") and line[5:].isdigit():
+                running = [i.proc.pid for i in self.instances if i.proc.poll() is None]
+                signal_ranks(running, int(line[5:]))
             elif line.startswith(DUMP_LINE + b" "):
                 self.dump(dump_indexes(line))
             elif line == DUMP_RANKS_LINE:

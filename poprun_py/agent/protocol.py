@@ -15,15 +15,16 @@ poprun-py to the agent (its stdin):
    ``env``, ``cwd``, and ``cpus``/``mems`` when bound -- and the timings);
 3. control lines: ``h`` (heartbeat), ``term`` (SIGTERM now, SIGKILL after the grace period),
    ``kill`` (SIGKILL now), ``sig N`` (signal N to every running instance's process group, and
-   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``dump F`` (a hung job's stacks:
-   ``py-spy dump`` of every running instance's Python processes where py-spy is on the
-   agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others among ``F``, the
-   comma-separated indexes that registered faulthandler, ``-`` for none), ``dump-ranks`` (the
-   same for an MPI daemon's ranks, relayed (:mod:`poprun_py.agent.relay`): ``py-spy dump`` of
-   every Python process of the instances' trees, each filed under its rank from its
-   environment, ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends
-   the answer; no SIGUSR1: the launcher decides). End of input means
-   poprun-py is gone: stop everything.
+   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``sigr N`` (signal N to the ranks
+   of every running instance, an MPICH daemon relayed (:mod:`poprun_py.agent.relay`): each
+   rank wrapper's process group, never the daemon, which would die of SIGUSR2), ``dump F``
+   (a hung job's stacks: ``py-spy dump`` of every running instance's Python processes where
+   py-spy is on the agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others
+   among ``F``, the comma-separated indexes that registered faulthandler, ``-`` for none),
+   ``dump-ranks`` (the same for an MPI daemon's ranks, relayed: ``py-spy dump`` of every
+   Python process of the instances' trees, each filed under its rank from its environment,
+   ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends the answer;
+   no SIGUSR1: the launcher decides). End of input means poprun-py is gone: stop everything.
 
 The agent to poprun-py (its stdout), about the job::
 
@@ -60,6 +61,7 @@ HEARTBEAT_LINE = b"h"
 TERM_LINE = b"term"
 KILL_LINE = b"kill"
 SIGNAL_LINE = b"sig"  # ``sig N``
+SIGNAL_RANKS_LINE = b"sigr"  # ``sigr N``
 DUMP_LINE = b"dump"  # ``dump F``
 DUMP_RANKS_LINE = b"dump-ranks"
 

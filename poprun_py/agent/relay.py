@@ -85,6 +85,8 @@ class Relay:
     """What a launcher needs from a relay: mpirun's extra environment and the hosts lost.
     This base relays nothing (a local launch, or the user's own ``plm_rsh_agent``)."""
 
+    relays = False  # whether daemons start through the agents (they can reach the ranks)
+
     def __init__(self) -> None:
         self.environ: dict[str, str] = {}
         self.lost: dict[str, Lost] = {}
@@ -96,6 +98,9 @@ class Relay:
         """Have every relayed daemon's agent dump its ranks' stacks; ``done`` hears what they
         found. False: no daemon is relayed (nothing is done)."""
         return False
+
+    def signal_ranks(self, signum: int) -> None:
+        """Have every relayed daemon's agent send ``signum`` to its ranks (``sigr N``)."""
 
 
 @contextlib.contextmanager
@@ -123,6 +128,8 @@ def host_names(job: RenderedJob) -> dict[str, str]:
 
 class RshRelay(Relay):
     """Serves the shim on a Unix socket while mpirun runs (a context manager)."""
+
+    relays = True
 
     def __init__(self, agents: AgentPool, names: dict[str, str], timing: Timing):
         super().__init__()
@@ -190,6 +197,13 @@ class RshRelay(Relay):
             assert session.link is not None
             session.link.send(P.DUMP_RANKS_LINE)
         return True
+
+    def signal_ranks(self, signum: int) -> None:
+        """Every running daemon's agent signals its ranks, not the daemon (``sigr N``)."""
+        with self.lock:
+            links = [s.link for s in self.sessions if s.link is not None and not s.link.done]
+        for link in links:
+            link.send(b"%s %d" % (P.SIGNAL_RANKS_LINE, signum))
 
     def rank_stacks(self, rank: int, line: bytes | None) -> None:
         """One line of ``rank``'s stacks (None: the rank was found, not dumped)."""

@@ -143,16 +143,6 @@ class LauncherRun:
         self.run.control.dumped(signalled)
 
 
-def not_forwarded(launcher: str) -> Callable[[int], None]:
-    """An ``on_signal`` for a launcher that cannot pass a signal on to its instances: the
-    signal is dropped with a warning (sending it would end the launcher's job)."""
-
-    def drop(signum: int) -> None:
-        log.warning("%s cannot pass signal %d on to its instances: not forwarded", launcher, signum)
-
-    return drop
-
-
 def how_ended(code: int) -> tuple[str, int | None, int | None]:
     """A launcher's return code as (``code N``/``signal N``, exit code if > 0, signal if any)."""
     how = f"signal {-code}" if code < 0 else f"code {code}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import shutil
 import signal
@@ -37,12 +38,7 @@ from typing import TYPE_CHECKING
 from poprun_py.agent.relay import Relay, relayed
 from poprun_py.agent.rsh_shim import exec_script_path, launcher_exec
 from poprun_py.backends.base import Defaults, Session, run_to_end
-from poprun_py.backends.external import (
-    LauncherRun,
-    not_forwarded,
-    prepare_launcher,
-    start_launcher,
-)
+from poprun_py.backends.external import LauncherRun, prepare_launcher, start_launcher
 from poprun_py.backends.mpi import source_address
 from poprun_py.backends.mpirun import FailureReport, TagDemux, rank_results
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
@@ -54,6 +50,7 @@ from poprun_py.backends.session import (
 )
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
+from poprun_py.process.stackdump import signal_ranks
 from poprun_py.process.supervise import Child, Feed, Supervision
 
 if TYPE_CHECKING:
@@ -62,6 +59,8 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderArgs, RenderedJob
+
+log = logging.getLogger(__name__)
 
 HYDRA = "mpiexec.hydra"
 MPIEXEC_MISSING = "mpiexec.hydra not found on PATH; install MPICH (Debian: mpich)"
@@ -209,20 +208,30 @@ class MpiexecBackend(Defaults):
                 run,
                 stack.pop_all(),
                 lambda done: rank_results(done, hosts, report, relay.lost),
-                functools.partial(usr1_only, run),
+                functools.partial(to_ranks, run, relay, job.plan.cluster.all_local),
                 relay=relay,
                 ranks=hosts,
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
-def usr1_only(run: Supervision, signum: int) -> None:
-    """Hydra passes SIGUSR1 on to every rank (each rank's wrapper survives it, see
-    ``mpiexec.j2``) but dies of SIGUSR2: that one is dropped with a warning."""
-    if signum == signal.SIGUSR1:
+def to_ranks(run: Supervision, relay: Relay, all_local: bool, signum: int) -> None:
+    """SIGUSR1/SIGUSR2 to every rank, past hydra (which dies of SIGUSR2): the ranks under this
+    machine's proxies from here, the others by their hosts' agents; each rank's wrapper
+    survives it (``mpiexec.j2``). When hydra starts remote proxies itself (the user's own
+    ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra, which passes it on, and SIGUSR2
+    is dropped with a warning."""
+    if relay.relays or all_local:
+        signal_ranks(list(run.live), signum)
+        relay.signal_ranks(signum)
+    elif signum == signal.SIGUSR1:
         run.signal(signum)
     else:
-        not_forwarded("mpiexec (hydra passes on SIGUSR1 only)")(signum)
+        log.warning(
+            "mpiexec with its own launcher cannot pass signal %d on to the remote ranks (hydra"
+            " would die of it): not forwarded",
+            signum,
+        )
 
 
 def check_hydra(name: str, path: str | None = None) -> None:

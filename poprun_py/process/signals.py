@@ -113,6 +113,13 @@ class Control:
         return self._wake_r
 
     @property
+    def signal_fd(self) -> int:
+        """The pipe's write end, for :func:`signal.set_wakeup_fd`: a signal that the kernel
+        hands to another thread than the main one (any thread may take it) must still wake the
+        main thread's poll at once, which then runs the Python handler."""
+        return self._wake_w
+
+    @property
     def stopping(self) -> bool:
         """True once any stop (interrupt or rule) was requested."""
         return self.interrupts > 0 or self.stop_reason is not None
@@ -219,7 +226,10 @@ def _take(queue: list[T]) -> list[T]:
 def handling_signals(control: Control) -> Iterator[Control]:
     """SIGINT, SIGTERM and SIGHUP go to ``control`` while this is active (main thread only):
     an interrupt once the job runs, KeyboardInterrupt before. A closed terminal (SIGHUP) must
-    not leave instances running either."""
+    not leave instances running either. Every signal also writes to ``control``'s wake-up pipe
+    (:attr:`Control.signal_fd`) as it arrives, on whichever thread: Python runs its handlers
+    in the main thread only, so a signal taken by a helper thread (the relay's, paramiko's)
+    would otherwise wait until the runner's poll woke for something else."""
     if threading.current_thread() is not threading.main_thread():
         yield control
         return
@@ -235,9 +245,11 @@ def handling_signals(control: Control) -> Iterator[Control]:
 
     old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     old.update({s: signal.signal(s, on_forward) for s in FORWARD_SIGNALS})
+    old_fd = signal.set_wakeup_fd(control.signal_fd, warn_on_full_buffer=False)
     try:
         yield control
     finally:
+        signal.set_wakeup_fd(old_fd)
         for sig, handler in old.items():
             signal.signal(sig, handler)
 

@@ -17,6 +17,11 @@ module's source on every node (:mod:`poprun_py.backends.slurm_stacks`), where
 :func:`report_step` dumps the Python processes of the job's step (:func:`dump_step`, by their
 ``SLURM_JOB_ID``/``SLURM_STEP_ID``) and writes what it found on stdout.
 
+MPICH's hydra dies of SIGUSR2, so poprun-py passes it (and SIGUSR1) to hydra's ranks itself:
+:func:`signal_ranks` finds the ranks' wrappers (``/bin/sh -c REPORT poprun-rank ...``, see
+``mpiexec.j2``; hydra starts each in a session of its own) in a daemon's tree and signals each
+wrapper's process group, as hydra does with SIGUSR1; the wrapper traps both signals.
+
 Example:
 
     >>> import os
@@ -28,6 +33,8 @@ Example:
     ({}, 3)
     >>> dump_step("no-such-job", "0", None)
     {}
+    >>> signal_ranks([os.getpid()], 0)  # no rank wrapper in this tree: nobody signalled
+    0
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
 """Where a rank's index is: Open MPI's, MPICH hydra's, then the one poprun-py's env sets."""
 SLURM_RANK_VARS = ("SLURM_PROCID", "RANK")
 """Where a Slurm task's rank is: Slurm's, then poprun-py's."""
+RANK_WRAPPER = b"poprun-rank"
+"""The ``$0`` of the shell each rank of an mpiexec job runs under (``mpiexec.j2``)."""
 
 
 def find_pyspy(path: str | None = None) -> str | None:
@@ -86,13 +95,70 @@ def _is_python(pid: int) -> bool:
 
 def python_processes(root: int) -> list[int]:
     """``root`` and its live descendants that run a Python interpreter, root first."""
+    return [pid for pid in tree(root) if _is_python(pid)]
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and its live descendants, root first (breadth first)."""
     children = _proc_children()
     order, todo = [], [root]
     while todo:
         pid = todo.pop(0)
         order.append(pid)
         todo.extend(sorted(children.get(pid, ())))
-    return [pid for pid in order if _is_python(pid)]
+    return order
+
+
+def _is_rank_wrapper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 3 and argv[1] == b"-c" and argv[3] == RANK_WRAPPER
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in ``/proc``): a rank's
+    wrapper that has not run its ``trap`` yet would die of the signal."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    for member in tree(pid):
+        try:
+            os.kill(member, sig)
+        except OSError:
+            continue  # it ended meanwhile
+
+
+def signal_ranks(roots: list[int], sig: int) -> int:
+    """Send ``sig`` to every rank of an mpiexec job in the trees of ``roots``: the process
+    group of each rank wrapper (:data:`RANK_WRAPPER`) that leads one, else the wrapper and its
+    descendants; a wrapper not catching ``sig`` yet (just started) is left alone. Return how
+    many ranks were signalled."""
+    count = 0
+    for root in roots:
+        for pid in tree(root):
+            if pid == root or not _is_rank_wrapper(pid) or not catches(pid, sig):
+                continue
+            try:
+                leads = os.getpgid(pid) == pid
+                if leads:
+                    os.killpg(pid, sig)
+            except OSError:
+                continue  # it ended meanwhile
+            if not leads:
+                _signal_tree(pid, sig)
+            count += 1
+    return count
 
 
 def pyspy_dump(pyspy: str, pid: int, timeout: float = PYSPY_TIMEOUT) -> list[bytes] | None:

@@ -115,7 +115,7 @@ def test_restarts_running_out_give_the_instances_code(tmp_path: Path) -> None:
     assert proc.stderr.count("; restarted") == 2
 
 
-@pytest.mark.parametrize("backend", ["local", "mpirun"])
+@pytest.mark.parametrize("backend", ["local", "mpirun", "mpiexec"])
 def test_usr1_and_usr2_reach_every_local_instance(tmp_path: Path, backend: str) -> None:
     program = tmp_path / "wait_signals.py"
     program.write_text(WAIT_SIGNALS)

@@ -277,6 +277,41 @@ def test_the_agent_answers_dump_ranks_with_each_ranks_lines_and_how(tmp_path: Pa
     ]
 
 
+RANK_WAITS_FOR_USR2 = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+print("ready", sys.argv[1], flush=True)
+deadline = time.monotonic() + 20
+while not got and time.monotonic() < deadline:
+    time.sleep(0.02)
+print("got usr2" if got else "no usr2", sys.argv[1], flush=True)
+"""
+
+HYDRA_LIKE_DAEMON = """
+import subprocess, sys
+wrap = ["/bin/sh", "-c", 'trap : USR1 USR2; "$@"', "poprun-rank", sys.executable, "-c"]
+ranks = [subprocess.Popen([*wrap, sys.argv[1], str(r)], start_new_session=True) for r in (0, 1)]
+sys.exit(max(r.wait() for r in ranks))
+"""
+"""A daemon as hydra's proxy starts ranks: each under its wrapper, in a session of its own;
+the daemon itself dies of SIGUSR2 (the default)."""
+
+
+def test_the_agent_signals_a_daemons_ranks_and_not_the_daemon() -> None:
+    argv = [PY, "-c", HYDRA_LIKE_DAEMON, RANK_WAITS_FOR_USR2]
+    proc = agent({"instances": [{"index": 0, "argv": argv, "env": {}, "cwd": None}]})
+    assert proc.stdin is not None and proc.stdout is not None
+    got: list[str] = []
+    deadline = time.monotonic() + 10
+    while sum(r.startswith("o 0 ready") for r in got) < 2 and time.monotonic() < deadline:
+        got.append(proc.stdout.readline().decode().rstrip("\n"))
+    proc.stdin.write(b"sigr 12\n")
+    proc.stdin.flush()
+    recs = got + records(finish(proc))
+    assert {"o 0 got usr2 0", "o 0 got usr2 1", "x 0 0"} <= set(recs), recs
+
+
 @pytest.mark.parametrize("how", ["stdin closed", "heartbeats stop"])
 def test_agent_stops_everything_when_poprun_is_gone(how: str) -> None:
     mark = marker()

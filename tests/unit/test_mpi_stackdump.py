@@ -20,6 +20,7 @@ from poprun_py.agent import protocol as P
 from poprun_py.agent.client import AgentLink, Timing
 from poprun_py.agent.relay import RankDumps, Relay, RshRelay, _Session
 from poprun_py.backends.external import LauncherRun
+from poprun_py.backends.mpiexec import to_ranks
 from poprun_py.backends.result import RunOptions
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
@@ -73,6 +74,14 @@ def test_the_relay_gathers_every_agents_ranks_then_answers_once(relay: RshRelay)
     assert heard == [{0: [b"Thread 1 (idle)", b"  f (a.py:3)"], 1: None, 2: [b"Thread 7 (idle)"]}]
     one.record(link1, b"y 0 none")  # late, or again: nothing more
     assert len(heard) == 1
+
+
+def test_the_relay_has_every_running_daemons_agent_signal_its_ranks(relay: RshRelay) -> None:
+    relay.signal_ranks(signal.SIGUSR2)  # no daemon relayed yet: nothing to do
+    (_, link1), (_, link2) = session_on(relay, "h1"), session_on(relay, "h2")
+    link2.done = True  # its daemon has ended
+    relay.signal_ranks(signal.SIGUSR2)
+    assert link1.sent == [b"sigr %d" % signal.SIGUSR2] and link2.sent == []
 
 
 class FakeLauncher:
@@ -145,3 +154,32 @@ def test_no_signal_when_a_rank_without_faulthandler_would_die_of_it(
         fake, _ = dump({0: [b"Thread 1"]}, DumpRequest(frozenset({1}), every=False))
     assert fake.signals == [] and not fake.control.dump_signalled
     assert "no stacks of instances 1,2" in caplog.text
+
+
+class SignalledRelay(Relay):
+    def __init__(self, relays: bool) -> None:
+        super().__init__()
+        self.relays = relays  # a class attribute; this fake sets its own
+        self.signalled: list[int] = []
+
+    def signal_ranks(self, signum: int) -> None:
+        self.signalled.append(signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
+def test_mpiexec_signals_go_past_hydra_through_the_relay_or_locally(signum: int) -> None:
+    for relays, all_local in ((True, False), (False, True)):
+        fake, relay = FakeLauncher([]), SignalledRelay(relays)
+        to_ranks(cast(Supervision, fake), relay, all_local, signum)
+        assert fake.signals == [] and relay.signalled == [signum]  # hydra never signalled
+
+
+def test_mpiexec_with_its_own_launcher_passes_usr1_through_hydra_and_drops_usr2(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, relay = FakeLauncher([]), SignalledRelay(relays=False)
+    with caplog.at_level(logging.WARNING):
+        to_ranks(cast(Supervision, fake), relay, False, signal.SIGUSR1)
+        to_ranks(cast(Supervision, fake), relay, False, signal.SIGUSR2)
+    assert fake.signals == [signal.SIGUSR1] and relay.signalled == []
+    assert "cannot pass signal 12 on to the remote ranks" in caplog.text

@@ -7,6 +7,7 @@ An MPI daemon's ranks are dumped each under its rank, read from its environment 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -130,4 +131,55 @@ def test_a_daemons_ranks_are_dumped_each_under_its_rank(tmp_path: Path) -> None:
         assert stackdump.dump_ranks({0: daemon.pid}, None) == {}
     finally:
         os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+
+
+RANK_RECORDS_USR2 = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGUSR2, lambda *a: out.write_text("usr2"))
+out.with_suffix(".ready").write_text("")
+time.sleep(30)
+"""
+
+DAEMON = """
+import subprocess, sys
+trap, rank = 'trap : USR1 USR2; "$@"', ["poprun-rank", sys.executable, "-c", sys.argv[1]]
+untrapped = "sleep 30; : poprun-untrapped"  # a wrapper that has not run its trap yet
+subprocess.Popen(["/bin/sh", "-c", trap, *rank, sys.argv[2] + "/lead"], start_new_session=True)
+subprocess.Popen(["/bin/sh", "-c", trap, *rank, sys.argv[2] + "/member"])  # the daemon's group
+subprocess.Popen(["/bin/sh", "-c", untrapped, "poprun-rank"], start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]).wait()
+"""
+"""Like hydra's proxy: ranks under wrappers, one leading its own session, one in the daemon's
+group, one wrapper not trapping yet; the daemon itself dies of SIGUSR2 (the default)."""
+
+
+def test_signal_ranks_reaches_every_rank_and_neither_the_daemon_nor_an_untrapped_wrapper(
+    tmp_path: Path,
+) -> None:
+    daemon = subprocess.Popen([PY, "-c", DAEMON, RANK_RECORDS_USR2, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 10
+        ready = [tmp_path / "lead.ready", tmp_path / "member.ready"]
+        while not all(p.exists() for p in ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        wrappers = [p for p in stackdump.tree(daemon.pid) if stackdump._is_rank_wrapper(p)]
+        assert len(wrappers) == 3
+        while sum(stackdump.catches(p, signal.SIGUSR2) for p in wrappers) < 2:
+            assert time.monotonic() < deadline  # the two trapping wrappers have run their trap
+            time.sleep(0.01)
+        assert stackdump.signal_ranks([daemon.pid], signal.SIGUSR2) == 2
+        got = [tmp_path / "lead", tmp_path / "member"]
+        while not all(p.exists() for p in got) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.read_text() for p in got] == ["usr2", "usr2"]
+        assert daemon.poll() is None  # not signalled: it would have died
+        assert alive(set(wrappers)) == set(wrappers)  # the untrapped one too: left alone
+        assert stackdump.signal_ranks([wrappers[0]], signal.SIGUSR2) == 0  # a root is no rank
+    finally:
+        for pid in stackdump.tree(daemon.pid)[1:]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        daemon.kill()
         daemon.wait(timeout=10)

@@ -1,0 +1,74 @@
+"""A signal that a helper thread takes wakes the runner's poll at once.
+
+The kernel hands a process's signal to any thread that does not block it, and Python runs its
+handlers in the main thread only, when that thread next runs bytecode: a main thread asleep in
+``poll`` would not notice until something else woke it. :func:`handling_signals` makes every
+signal write to the Control's wake-up pipe as it arrives (``signal.set_wakeup_fd``)."""
+
+from __future__ import annotations
+
+import select
+import signal
+import threading
+import time
+
+from poprun_py.process.signals import Control, handling_signals
+
+
+def in_select(tid: int) -> bool:
+    """Whether thread ``tid`` of this process sleeps in select/poll (its kernel wait channel)."""
+    with open(f"/proc/self/task/{tid}/wchan") as handle:
+        wchan = handle.read()
+    return "poll" in wchan or "select" in wchan
+
+
+def taken_by_a_helper_thread(sig: int) -> threading.Thread:
+    """A helper thread that, once the main thread sleeps in select (polled against a
+    deadline), takes ``sig`` itself."""
+    main = threading.get_native_id()
+
+    def helper() -> None:
+        deadline = time.monotonic() + 5.0
+        while not in_select(main) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        signal.pthread_kill(threading.get_ident(), sig)
+
+    thread = threading.Thread(target=helper, daemon=True)
+    thread.start()
+    return thread
+
+
+def woken(control: Control, sig: int) -> bool:
+    """Whether the main thread's select on the wake-up pipe returns, within 3 s, after a
+    helper thread took ``sig``."""
+    helper = taken_by_a_helper_thread(sig)
+    readable, _, _ = select.select([control.wake_fd], [], [], 3.0)
+    helper.join(5)
+    return readable == [control.wake_fd]
+
+
+def test_a_forwarded_signal_taken_by_a_helper_thread_wakes_the_poll() -> None:
+    control = Control()
+    with handling_signals(control):
+        control.arm()
+        assert woken(control, signal.SIGUSR1)
+        control.drain()
+        assert control.take_forwards() == [signal.SIGUSR1]
+    control.close()
+
+
+def test_an_interrupt_taken_by_a_helper_thread_wakes_the_poll() -> None:
+    control = Control()
+    with handling_signals(control):
+        control.arm()
+        assert woken(control, signal.SIGTERM)
+        assert control.interrupted
+    control.close()
+
+
+def test_the_old_wakeup_fd_comes_back_afterwards() -> None:
+    control = Control()
+    with handling_signals(control):
+        pass
+    control.close()
+    assert signal.set_wakeup_fd(-1) == -1
