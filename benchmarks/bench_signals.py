@@ -1,8 +1,9 @@
 """How fast SIGUSR1 and SIGUSR2 sent to poprun-py reach every instance on real test hosts,
 beside Open MPI's ``mpirun`` run by hand (which forwards both itself), in one run (median of N):
 
-- ``poprun-py launch --backend ssh|mpirun|mpiexec``: every instance runs a program that prints
-  ``ready`` once its handlers are in place and ``got usr1 usr2`` once both signals came. From
+- ``poprun-py launch --backend ssh|mpirun|mpiexec``: every instance runs a program that blocks
+  both signals, prints ``ready``, takes them as they come (``sigtimedwait``: no polling) and
+  prints ``got usr1 usr2`` once both came. From
   the moment both are sent to poprun-py (after every ``ready``) to the last ``got`` line.
   Under mpiexec both go past hydra (which dies of SIGUSR2): to each rank's process group, by
   the host's agent.
@@ -39,16 +40,17 @@ from poprun_py.providers.netns import TestCluster, create_cluster, destroy_clust
 from tests.hostfixtures import session_tag  # noqa: E402
 
 WAIT = """
-import signal, sys, time
-got = set()
-signal.signal(signal.SIGUSR1, lambda *a: got.add("usr1"))
-signal.signal(signal.SIGUSR2, lambda *a: got.add("usr2"))
+import signal, sys
+want = {signal.SIGUSR1, signal.SIGUSR2}
+signal.pthread_sigmask(signal.SIG_BLOCK, want)  # taken below, as they come: no polling
 print("ready", flush=True)
-deadline = time.monotonic() + 60
-while len(got) < 2 and time.monotonic() < deadline:
-    time.sleep(0.005)
-print("got " + " ".join(sorted(got)), flush=True)
-sys.exit(0 if len(got) == 2 else 5)
+got = set()
+while got != want:
+    info = signal.sigtimedwait(want, 60)
+    if info is None:
+        sys.exit(5)
+    got.add(info.si_signo)
+print("got usr1 usr2", flush=True)
 """
 
 Command = tuple[list[str], dict[str, str]]

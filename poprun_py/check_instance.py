@@ -16,7 +16,8 @@ Sixteen instances starting at once on a host of 2 cores wait for each other's im
 module imports only C modules of the standard library (``_socket``, ``_thread``, ``struct``,
 ``math``) and writes its JSON itself (:func:`dumps`); ``poprun-py check`` runs it with
 ``python -c`` (:data:`poprun_py.launch.check.CHECK_MAIN`, :func:`program`), which skips
-runpy's imports.
+runpy's imports. The hosts need nothing of poprun-py: this source ships in each instance's
+environment, and runs on Python 3.7 or later.
 
 Each instance prints one line ``POPRUN-CHECK {json}`` and exits 0 whether the check passed or
 not (so that the launch's fail-fast does not stop the others before they report); it exits 1
@@ -81,7 +82,7 @@ def dumps(value: object) -> str:
     if isinstance(value, dict):
         items = sorted(value.items())
         return "{" + ", ".join(f"{dumps(str(k))}: {dumps(v)}" for k, v in items) + "}"
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):  # not list | tuple: Python 3.7 runs this too
         return "[" + ", ".join(dumps(v) for v in value) + "]"
     return _scalar(value)
 
@@ -238,7 +239,7 @@ class Server:
                 _send_msg(conn, b"ok")
         values = struct.unpack(f"!{VECTOR}d", _recv_msg(conn))
         with self.lock:
-            self.sums = [a + b for a, b in zip(self.sums, values, strict=True)]
+            self.sums = [a + b for a, b in zip(self.sums, values)]  # noqa: B905 (3.7)
             self.ranks.add(rank)
             if len(self.ranks) == self.world:
                 self.all_in.release()
@@ -422,10 +423,10 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m poprun_py.check_instance [--timeout S] [--bytes N] [--torch 1]`` (or ``-c``
-    with :data:`poprun_py.launch.check.CHECK_MAIN`)."""
+    """``python -m poprun_py.check_instance [--timeout S] [--bytes N] [--torch 1]`` (or this
+    module's source run by :data:`poprun_py.launch.check.CHECK_MAIN`)."""
     args = sys.argv[1:] if argv is None else argv
-    opts = dict(zip(args[::2], args[1::2], strict=False))
+    opts = dict(zip(args[::2], args[1::2]))  # noqa: B905 (no strict= on Python 3.7)
     report = run(
         os.environ,
         float(opts.get("--timeout", DEFAULT_TIMEOUT)),

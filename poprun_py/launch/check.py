@@ -19,12 +19,14 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.errors import Fault
@@ -35,8 +37,16 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
 
 MARK = "POPRUN-CHECK"
-CHECK_MAIN = "from poprun_py.check_instance import program; program()"
-"""What the check program runs (``-c``, not ``-m``: runpy's imports cost each instance ~5 ms)."""
+CHECK_VAR = "POPRUN_CHECK_PROGRAM"
+CHECK_MAIN = (
+    "import os;g={'__name__':'poprun_check'};"
+    f"exec(compile(os.environ.pop('{CHECK_VAR}'),'poprun-check','exec'),g);g['program']()"
+)
+"""What the check program runs: :mod:`poprun_py.check_instance`'s source, which ships in each
+instance's environment as :data:`CHECK_VAR` (passed by name, as a secret is: never in an argv
+or a printed command), so a host needs a Python and nothing of poprun-py, and runs the
+launcher's own version of the check. ``-c``, not ``-m``: runpy's imports cost each instance
+~5 ms."""
 DEFAULT_TIMEOUT = 5.0
 SLOW_FACTOR = 10.0
 SLOW_LATENCY_MS = 1.0
@@ -84,8 +94,20 @@ def check_argv(prep: Prepared, timeout: float, torch: bool = False) -> tuple[str
 
 
 def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> Prepared:
-    """The prepared job with the check program in place of the user's."""
-    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout, torch)))
+    """The prepared job with the check program in place of the user's, its source in the
+    instances' environment (:data:`CHECK_VAR`)."""
+    from poprun_py.core.spec import EnvVar
+
+    env = (*prep.plan.env, EnvVar(CHECK_VAR, check_source(), secret=True))
+    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout, torch), env=env))
+
+
+@functools.cache
+def check_source() -> str:
+    """The source of :mod:`poprun_py.check_instance`, which the check program runs."""
+    from poprun_py import check_instance
+
+    return Path(check_instance.__file__).read_text(encoding="utf-8")
 
 
 def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> CheckReport:

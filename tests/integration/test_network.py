@@ -19,7 +19,7 @@ import pytest
 
 from poprun_py.providers import netns_data
 from poprun_py.providers.netns import TestCluster
-from tests.integration.helpers import sessions_started
+from tests.integration.helpers import need_mpi, sessions_started
 from tests.integration.test_launch_hosts_cli import only_sshd, spec_for
 
 pytestmark = pytest.mark.hosts
@@ -235,6 +235,44 @@ def test_launch_check_runs_the_program_only_when_the_check_passes(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert marker.exists() and "check: 3/3 host(s) ok" in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
+def test_check_needs_nothing_of_poprun_py_on_the_hosts(
+    cluster: TestCluster, tmp_path: Path, backend: str
+) -> None:
+    """The hosts' Python (the spec's ``defaults.python``) is a fresh venv that cannot import
+    poprun_py: the check's program ships in the instances' environment."""
+    if backend == "mpirun":
+        need_mpi()
+    elif backend == "mpiexec":
+        from tests.integration.test_mpiexec import need_mpich
+
+        need_mpich()
+    venv = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    checked_with(cluster, tmp_path, venv / "bin" / "python", backend)
+
+
+def test_check_runs_on_a_hosts_python_3_7(cluster: TestCluster, tmp_path: Path) -> None:
+    """The oldest Python the agent runs on runs the check too (a pyenv build, no poprun_py)."""
+    from tests.integration.test_host_tools import old_python
+
+    checked_with(cluster, tmp_path, old_python("3.7"), "ssh")
+
+
+def checked_with(cluster: TestCluster, tmp_path: Path, python: Path, backend: str) -> None:
+    """``check`` passes on every host with ``python`` as the spec's ``defaults.python``, an
+    interpreter that cannot import poprun_py; the program's source is never printed."""
+    alone = subprocess.run(
+        [python, "-c", "import poprun_py"], cwd=tmp_path, capture_output=True, check=False
+    )
+    assert alone.returncode != 0  # what a host without poprun-py has
+    spec = spec_for(cluster, tmp_path, python=python)
+    proc = poprun("check", "-c", str(spec), "-b", backend, "--check-timeout", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "check: 3/3 host(s) ok" in proc.stdout
+    assert "POPRUN_CHECK_PROGRAM" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.mpi
