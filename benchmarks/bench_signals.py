@@ -94,7 +94,29 @@ def by_hand(
 def one(label: str, command: Command, hosts: int) -> float:
     """Seconds from sending SIGUSR2 and SIGUSR1 to the launcher to every instance's ``got``."""
     argv, env = command
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with tempfile.TemporaryFile() as err:  # read at the end: a pipe nobody reads could fill
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
+        try:
+            elapsed = signalled(proc, hosts)
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:  # a failed measurement: stop it everywhere
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if elapsed is None or code != 0:
+            err.seek(0)
+            tail = err.read().decode("utf-8", "replace")[-800:]
+            raise SystemExit(f"{label} failed ({proc.returncode}): {tail}")
+    return elapsed
+
+
+def signalled(proc: subprocess.Popen[bytes], hosts: int) -> float | None:
+    """Once every instance is ``ready``, both signals to ``proc``; seconds until the last
+    ``got``, or None if its output ended first."""
     assert proc.stdout is not None
     ready = got = 0
     sent = 0.0
@@ -109,16 +131,8 @@ def one(label: str, command: Command, hosts: int) -> float:
         elif line.endswith("got usr1 usr2"):
             got += 1
             if got == hosts:
-                elapsed = time.monotonic() - sent
-                break
-    else:
-        proc.wait()
-        tail = proc.stderr.read().decode()[-800:] if proc.stderr else ""
-        raise SystemExit(f"{label}: only {got} of {hosts} got both ({proc.returncode}): {tail}")
-    code = proc.wait(timeout=60)
-    if code != 0:
-        raise SystemExit(f"{label} exited {code}")
-    return elapsed
+                return time.monotonic() - sent
+    return None
 
 
 def main() -> None:

@@ -192,7 +192,7 @@ class Server:
             while accepted < self.world and time.monotonic() < self.deadline:
                 try:
                     fd, _ = self.sock._accept()  # type: ignore[attr-defined]  # socket.accept's
-                except TimeoutError:
+                except (TimeoutError, _socket.timeout):  # one class from 3.10 on, not on 3.7-3.9
                     continue
                 with self.lock:
                     self.sessions += 1

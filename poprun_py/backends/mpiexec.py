@@ -15,6 +15,12 @@ executable path), and ``-localhost ADDRESS``, this machine's address towards the
 the proxies connect back (hydra's default, this machine's host name, may not resolve there).
 The user's own ``-launcher``/``-bootstrap``/``-localhost``/``-iface`` (or ``HYDRA_*``) win.
 
+Signals: hydra passes SIGUSR1 on to its ranks but dies of SIGUSR2, so poprun-py passes both
+past it (:func:`to_ranks`): each rank's wrapper leads a session of its own and traps both, and
+its process group is signalled -- from the launcher's process tree here, and by each host's
+agent (``sigr N``) for the proxies relayed there. When hydra starts its proxies itself (the
+user's own launcher), SIGUSR1 goes through hydra and SIGUSR2 is dropped with a warning.
+
 Example:
 
     >>> args = mpiexec_args(("-verbose",), local_address="198.18.0.1", environ={})
@@ -80,13 +86,18 @@ def mpiexec_args(
 
     env = os.environ if environ is None else environ
     extra: list[str] = []
-    chose_launcher = any(a in LAUNCHER_OPTIONS for a in user_args)
-    chose_launcher |= any(k.startswith(("HYDRA_LAUNCHER", "HYDRA_BOOTSTRAP")) for k in env)
-    if not chose_launcher:
+    if not own_launcher(user_args, env):
         extra += ["-launcher", "ssh", "-launcher-exec", exec_script_path()]
     if local_address and not any(a in ADDRESS_OPTIONS for a in user_args):
         extra += ["-localhost", local_address]
     return (*user_args, *extra)
+
+
+def own_launcher(args: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether the user chose how hydra starts its proxies (an option or ``HYDRA_*``)."""
+    if any(a in LAUNCHER_OPTIONS for a in args):
+        return True
+    return any(k.startswith(("HYDRA_LAUNCHER", "HYDRA_BOOTSTRAP")) for k in environ)
 
 
 class HydraReport(FailureReport):
@@ -208,27 +219,39 @@ class MpiexecBackend(Defaults):
                 run,
                 stack.pop_all(),
                 lambda done: rank_results(done, hosts, report, relay.lost),
-                functools.partial(to_ranks, run, relay, job.plan.cluster.all_local),
+                functools.partial(to_ranks, run, relay, in_reach(job, relay, env)),
                 relay=relay,
                 ranks=hosts,
             )
         raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
 
 
-def to_ranks(run: Supervision, relay: Relay, all_local: bool, signum: int) -> None:
+def in_reach(job: RenderedJob, relay: Relay, environ: Mapping[str, str]) -> bool:
+    """Whether poprun-py reaches every rank's wrapper itself: the remote proxies start through
+    the agents, or every host is this machine and hydra forks its proxy (no launcher of the
+    user's: ``-launcher ssh`` to localhost would put it out of the launcher's tree)."""
+    import os
+
+    if relay.relays:
+        return True
+    return job.plan.cluster.all_local and not own_launcher(job.launcher, {**os.environ, **environ})
+
+
+def to_ranks(run: Supervision, relay: Relay, in_reach: bool, signum: int) -> None:
     """SIGUSR1/SIGUSR2 to every rank, past hydra (which dies of SIGUSR2): the ranks under this
     machine's proxies from here, the others by their hosts' agents; each rank's wrapper
-    survives it (``mpiexec.j2``). When hydra starts remote proxies itself (the user's own
-    ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra, which passes it on, and SIGUSR2
-    is dropped with a warning."""
-    if relay.relays or all_local:
-        signal_ranks(list(run.live), signum)
+    survives it (``mpiexec.j2``). Out of reach (:func:`in_reach`: hydra starts the proxies
+    itself, with the user's own ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra,
+    which passes it on, and SIGUSR2 is dropped with a warning."""
+    if in_reach:
+        if not signal_ranks(list(run.live), signum) and not relay.relays:
+            log.debug("signal %d: no rank wrapper running under mpiexec yet", signum)
         relay.signal_ranks(signum)
     elif signum == signal.SIGUSR1:
         run.signal(signum)
     else:
         log.warning(
-            "mpiexec with its own launcher cannot pass signal %d on to the remote ranks (hydra"
+            "mpiexec with its own launcher cannot pass signal %d on to the ranks (hydra"
             " would die of it): not forwarded",
             signum,
         )

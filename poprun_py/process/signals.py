@@ -54,7 +54,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import InstanceResult
@@ -243,15 +243,18 @@ def handling_signals(control: Control) -> Iterator[Control]:
         if control.armed:
             control.forward(signum)
 
-    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    old.update({s: signal.signal(s, on_forward) for s in FORWARD_SIGNALS})
-    old_fd = signal.set_wakeup_fd(control.signal_fd, warn_on_full_buffer=False)
-    try:
+    old: dict[int, Any] = {}
+    old_fd: int | None = None
+    try:  # installed inside: a Ctrl-C meanwhile must not leave the pipe as the wake-up fd
+        old_fd = signal.set_wakeup_fd(control.signal_fd, warn_on_full_buffer=False)
+        old.update({s: signal.signal(s, on_signal) for s in STOP_SIGNALS})
+        old.update({s: signal.signal(s, on_forward) for s in FORWARD_SIGNALS})
         yield control
     finally:
-        signal.set_wakeup_fd(old_fd)
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        if old_fd is not None:
+            signal.set_wakeup_fd(old_fd)  # (warning again on a full buffer: the default)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ it is back)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -200,51 +202,65 @@ def test_usr1_and_usr2_reach_every_instance_on_every_host_and_the_job_goes_on(
     only_sshd(test_cluster_4)
 
 
-def helper_thread(pid: int, within: float = 10.0) -> int:
-    """A thread of process ``pid`` other than its main one (poprun-py's relay or paramiko
+def helper_threads(pid: int, within: float = 10.0) -> list[int]:
+    """The threads of process ``pid`` other than its main one (poprun-py's relay and paramiko
     threads run while a job does)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
         if others:
-            return others[0]
+            return others
         time.sleep(0.05)
     raise AssertionError(f"process {pid} has no thread but its main one")
 
 
 def signal_thread(pid: int, sig: int) -> None:
-    """Send ``sig`` to one helper thread of ``pid`` (tgkill): the kernel may hand a process's
-    signal to any of its threads, and Python runs handlers in the main thread only."""
+    """Send ``sig`` to one helper thread of ``pid`` (tgkill), another if that one just ended:
+    the kernel may hand a process's signal to any of its threads, and Python runs handlers in
+    the main thread only."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.tgkill(pid, helper_thread(pid), sig) != 0:
-        raise OSError(ctypes.get_errno(), "tgkill")
+    for tid in helper_threads(pid):
+        if libc.tgkill(pid, tid, sig) == 0:
+            return
+    raise OSError(ctypes.get_errno(), "tgkill: no helper thread left")
 
 
-@pytest.mark.parametrize("backend", ["ssh", "mpiexec"])
+@contextlib.contextmanager
+def stopped_at_the_end(run: Streamed) -> Iterator[Streamed]:
+    """``run``, stopped (SIGTERM: it stops every host's instances) if the test fails early."""
+    try:
+        yield run
+    finally:
+        if run.proc.poll() is None:
+            run.proc.terminate()
+            run.proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("backend", ["mpirun", "mpiexec"])
 def test_a_signal_that_a_helper_thread_takes_is_acted_on_at_once(
     test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
-    """The instances are silent, so nothing else wakes poprun-py's main thread: SIGUSR1 and
-    SIGUSR2 that a relay or paramiko thread takes reach every rank within seconds (not at the
-    program's 30 s deadline), and so does SIGTERM's stop."""
+    """The instances are silent and the launcher's loop has no timeout, so nothing else wakes
+    poprun-py's main thread: SIGUSR1 and SIGUSR2 that a relay thread takes reach every rank
+    within seconds (not at the program's 30 s deadline), and so does SIGTERM's stop."""
     spec = spec_for(test_cluster_4, tmp_path)
     program = tmp_path / "wait_signals.py"
     program.write_text(WAIT_SIGNALS)
-    run = started(launch_args(spec, backend, 4, "--", PY, str(program)), tmp_path)
-    run.wait_for(r"\] ready$", 4)
-    sent = time.monotonic()
-    signal_thread(run.proc.pid, signal.SIGUSR1)
-    signal_thread(run.proc.pid, signal.SIGUSR2)
-    assert run.wait_for(r"\] got usr1 usr2 \d$", 4, within=30) - sent < 10, run.seen
-    assert run.finish()[0] == 0
-
-    run = started(launch_args(spec, backend, 4, "--", PY, str(program)), tmp_path)
-    run.wait_for(r"\] ready$", 4)
-    sent = time.monotonic()
-    signal_thread(run.proc.pid, signal.SIGTERM)
-    code, _, err = run.finish()
-    assert code == 130, err
-    assert time.monotonic() - sent < 15, err
+    argv = launch_args(spec, backend, 4, "--", PY, str(program))
+    with stopped_at_the_end(started(argv, tmp_path)) as run:
+        run.wait_for(r"\] ready$", 4)
+        sent = time.monotonic()
+        signal_thread(run.proc.pid, signal.SIGUSR1)
+        signal_thread(run.proc.pid, signal.SIGUSR2)
+        assert run.wait_for(r"\] got usr1 usr2 \d$", 4, within=30) - sent < 10, run.seen
+        assert run.finish()[0] == 0
+    with stopped_at_the_end(started(argv, tmp_path)) as run:
+        run.wait_for(r"\] ready$", 4)
+        sent = time.monotonic()
+        signal_thread(run.proc.pid, signal.SIGTERM)
+        code, _, err = run.finish()
+        assert code == 130, err
+        assert time.monotonic() - sent < 15, err
     only_sshd(test_cluster_4)
 
 

@@ -3,7 +3,13 @@ named, victims of another host's fault not blamed, slow hosts named, silent inst
 
 from __future__ import annotations
 
+import ast
+import json
+import os
+import subprocess
 from typing import Any
+
+import pytest
 
 from poprun_py.check_instance import check_devices
 from poprun_py.core.hosts import parse_hosts
@@ -154,3 +160,39 @@ def test_instances_check_against_rank_0_and_the_missing_rank_is_named() -> None:
     assert [partial[r].get("missing") for r in range(2)] == [[2], [2]], partial
     three = make_plan(cluster_from_hosts(parse_hosts("h[1-3]")), JobSpec(("x",), replicas=3))
     assert [f.host for f in judge(three, partial).faults] == ["h3"]
+
+
+def test_the_shipped_check_program_parses_as_python_3_7() -> None:
+    """The hosts' Python may be as old as the agent's oldest (3.7); the real run on 3.7 is in
+    tests/integration/test_network.py."""
+    from poprun_py.launch.check import check_source
+
+    ast.parse(check_source(), feature_version=(3, 7))
+
+
+@pytest.mark.old_pythons
+def test_a_late_rank_is_still_served_on_python_3_7() -> None:
+    """Rank 0 serves the check; on Python 3.7-3.9 its accept timeout is ``socket.timeout``,
+    not yet ``TimeoutError``: a rank that connects after the first 0.1 s must still get in."""
+    from poprun_py.launch.check import CHECK_MAIN, CHECK_VAR, check_source
+    from tests.integration.test_host_tools import old_python
+
+    python = str(old_python("3.7"))
+    base = {"PATH": os.environ["PATH"], "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    base |= {"MASTER_PORT": str(free_port()), "POPRUN_HOST_NAME": "h1", CHECK_VAR: check_source()}
+    argv = [python, "-c", CHECK_MAIN, "--timeout", "10"]
+    first = subprocess.Popen(argv, env={**base, "RANK": "0"}, stdout=subprocess.PIPE, text=True)
+    late = ["sh", "-c", 'sleep 1; exec "$@"', "late", *argv]  # the late rank, 1 s after
+    env = {**base, "RANK": "1"}
+    second = subprocess.run(late, env=env, capture_output=True, text=True, check=False)
+    out, _ = first.communicate(timeout=30)
+    reports = [json.loads(o.split(" ", 1)[1]) for o in (out, second.stdout)]
+    assert [r["ok"] for r in reports] == [True, True], reports
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

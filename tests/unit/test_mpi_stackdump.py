@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -20,11 +21,12 @@ from poprun_py.agent import protocol as P
 from poprun_py.agent.client import AgentLink, Timing
 from poprun_py.agent.relay import RankDumps, Relay, RshRelay, _Session
 from poprun_py.backends.external import LauncherRun
-from poprun_py.backends.mpiexec import to_ranks
+from poprun_py.backends.mpiexec import in_reach, to_ranks
 from poprun_py.backends.result import RunOptions
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Supervision
+from poprun_py.render.job import RenderedJob
 
 
 class SentLink(AgentLink):
@@ -168,10 +170,25 @@ class SignalledRelay(Relay):
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
 def test_mpiexec_signals_go_past_hydra_through_the_relay_or_locally(signum: int) -> None:
-    for relays, all_local in ((True, False), (False, True)):
+    for relays in (True, False):  # remote proxies through the agents, or all local
         fake, relay = FakeLauncher([]), SignalledRelay(relays)
-        to_ranks(cast(Supervision, fake), relay, all_local, signum)
+        to_ranks(cast(Supervision, fake), relay, True, signum)
         assert fake.signals == [] and relay.signalled == [signum]  # hydra never signalled
+
+
+def job_of(all_local: bool, launcher: tuple[str, ...]) -> RenderedJob:
+    plan = SimpleNamespace(cluster=SimpleNamespace(all_local=all_local))
+    return cast(RenderedJob, SimpleNamespace(plan=plan, launcher=launcher))
+
+
+def test_ranks_are_in_reach_through_the_agents_or_under_a_local_hydra_of_its_own() -> None:
+    hydra = ("mpiexec.hydra", "-f", "hostfile")
+    assert in_reach(job_of(False, hydra), SignalledRelay(relays=True), {})
+    assert in_reach(job_of(True, hydra), SignalledRelay(relays=False), {"HYDRA_DEBUG": "1"})
+    assert not in_reach(job_of(False, hydra), SignalledRelay(relays=False), {})
+    own = (*hydra[:1], "-launcher", "ssh", *hydra[1:])  # to localhost: out of the tree
+    assert not in_reach(job_of(True, own), SignalledRelay(relays=False), {})
+    assert not in_reach(job_of(True, hydra), SignalledRelay(False), {"HYDRA_BOOTSTRAP": "slurm"})
 
 
 def test_mpiexec_with_its_own_launcher_passes_usr1_through_hydra_and_drops_usr2(
@@ -182,4 +199,4 @@ def test_mpiexec_with_its_own_launcher_passes_usr1_through_hydra_and_drops_usr2(
         to_ranks(cast(Supervision, fake), relay, False, signal.SIGUSR1)
         to_ranks(cast(Supervision, fake), relay, False, signal.SIGUSR2)
     assert fake.signals == [signal.SIGUSR1] and relay.signalled == []
-    assert "cannot pass signal 12 on to the remote ranks" in caplog.text
+    assert "cannot pass signal 12 on to the ranks" in caplog.text

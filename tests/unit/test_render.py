@@ -384,6 +384,15 @@ def test_mpirun_small_job_stays_inline_near_the_limit() -> None:
     assert "appfile" in squeezed.files  # the estimate said inline; the real size said no
 
 
+def test_a_large_secret_does_not_push_the_job_into_an_appfile() -> None:
+    """A secret goes by name (``-x NAME``, its value in mpirun's environment): its size does
+    not count towards the command line, as the check program's source (~18 KB) must not."""
+    big = EnvVar("BIG", "x" * (ARGV_LIMIT // 4), secret=True)
+    job = render_job(plan_of(env=(big,), instances=8), "mpirun", job_dir=JOB_DIR)
+    assert "appfile" not in job.files
+    assert job.launcher_env["BIG"] == big.value and big.value not in " ".join(job.launcher)
+
+
 def test_appfile_passes_values_with_whitespace_by_name() -> None:
     plan = plan_of(env=(EnvVar("MSG", "hello world # not a comment"), EnvVar("LR", "0.1")))
     job = render_job(plan, "mpirun", job_dir=JOB_DIR, argv_limit=1)

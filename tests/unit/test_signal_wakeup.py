@@ -7,6 +7,7 @@ signal write to the Control's wake-up pipe as it arrives (``signal.set_wakeup_fd
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import threading
@@ -28,7 +29,7 @@ def taken_by_a_helper_thread(sig: int) -> threading.Thread:
     main = threading.get_native_id()
 
     def helper() -> None:
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + 2.0  # then signal anyway: the select waits 5 s
         while not in_select(main) and time.monotonic() < deadline:
             time.sleep(0.001)
         signal.pthread_kill(threading.get_ident(), sig)
@@ -39,10 +40,10 @@ def taken_by_a_helper_thread(sig: int) -> threading.Thread:
 
 
 def woken(control: Control, sig: int) -> bool:
-    """Whether the main thread's select on the wake-up pipe returns, within 3 s, after a
-    helper thread took ``sig``."""
+    """Whether the main thread's select on the wake-up pipe returns (within 5 s: without the
+    wake-up fd it would wait all of them) after a helper thread took ``sig``."""
     helper = taken_by_a_helper_thread(sig)
-    readable, _, _ = select.select([control.wake_fd], [], [], 3.0)
+    readable, _, _ = select.select([control.wake_fd], [], [], 5.0)
     helper.join(5)
     return readable == [control.wake_fd]
 
@@ -67,8 +68,16 @@ def test_an_interrupt_taken_by_a_helper_thread_wakes_the_poll() -> None:
 
 
 def test_the_old_wakeup_fd_comes_back_afterwards() -> None:
-    control = Control()
-    with handling_signals(control):
-        pass
-    control.close()
-    assert signal.set_wakeup_fd(-1) == -1
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end)
+    try:
+        control = Control()
+        with handling_signals(control):
+            assert signal.set_wakeup_fd(control.signal_fd) == control.signal_fd  # ours meanwhile
+        control.close()
+        assert signal.set_wakeup_fd(-1) == write_end
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(read_end)
+        os.close(write_end)
