@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import re
 import shutil
 import signal
@@ -82,8 +83,6 @@ def mpiexec_args(
 ) -> tuple[str, ...]:
     """The user's mpiexec options plus, for a remote launch, the proxies' start through the
     agents and the address they connect back to; the user's own choices win."""
-    import os
-
     env = os.environ if environ is None else environ
     extra: list[str] = []
     if not own_launcher(user_args, env):
@@ -230,8 +229,6 @@ def in_reach(job: RenderedJob, relay: Relay, environ: Mapping[str, str]) -> bool
     """Whether poprun-py reaches every rank's wrapper itself: the remote proxies start through
     the agents, or every host is this machine and hydra forks its proxy (no launcher of the
     user's: ``-launcher ssh`` to localhost would put it out of the launcher's tree)."""
-    import os
-
     if relay.relays:
         return True
     return job.plan.cluster.all_local and not own_launcher(job.launcher, {**os.environ, **environ})
@@ -244,8 +241,7 @@ def to_ranks(run: Supervision, relay: Relay, in_reach: bool, signum: int) -> Non
     itself, with the user's own ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra,
     which passes it on, and SIGUSR2 is dropped with a warning."""
     if in_reach:
-        if not signal_ranks(list(run.live), signum) and not relay.relays:
-            log.debug("signal %d: no rank wrapper running under mpiexec yet", signum)
+        signal_ranks(list(run.live), signum)
         relay.signal_ranks(signum)
     elif signum == signal.SIGUSR1:
         run.signal(signum)

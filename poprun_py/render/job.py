@@ -378,16 +378,13 @@ class _Launch:
         """A generous estimate of the inline command line's size; stops once over ``limit``."""
         total = 0
         for env, argv in zip(self.envs, self.argvs, strict=True):
-            total += 32 + sum(len(k) + len(self._inline(k, v)) + 8 for k, v in env.items())
+            # a secret goes by name (its value in the launcher's environment): not counted
+            sizes = (len(k) + 8 + (0 if k in self.secrets else len(v)) for k, v in env.items())
+            total += 32 + sum(sizes)
             total += sum(len(a) + 3 for a in argv)
             if total > limit:
                 break
         return total
-
-    def _inline(self, name: str, value: str) -> str:
-        """What of a variable's value the command line carries: none of a secret's (it is
-        passed by name, its value in the launcher's environment)."""
-        return "" if name in self.secrets else value
 
     def contexts_for(self, appfile: bool) -> tuple[list[InstanceContext], dict[str, str]]:
         """Instance contexts for one syntax, and the values passed by name (launcher_env)."""

@@ -175,6 +175,7 @@ def test_a_late_rank_is_still_served_on_python_3_7() -> None:
     """Rank 0 serves the check; on Python 3.7-3.9 its accept timeout is ``socket.timeout``,
     not yet ``TimeoutError``: a rank that connects after the first 0.1 s must still get in."""
     from poprun_py.launch.check import CHECK_MAIN, CHECK_VAR, check_source
+    from poprun_py.prepare.job import free_port
     from tests.integration.test_host_tools import old_python
 
     python = str(old_python("3.7"))
@@ -188,11 +189,3 @@ def test_a_late_rank_is_still_served_on_python_3_7() -> None:
     out, _ = first.communicate(timeout=30)
     reports = [json.loads(o.split(" ", 1)[1]) for o in (out, second.stdout)]
     assert [r["ok"] for r in reports] == [True, True], reports
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
