@@ -375,14 +375,22 @@ def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
     resumed = int(re.search(r"resumed from step (\d+)", out).group(1))  # type: ignore[union-attr]
     assert resumed >= 6
     finals = set(re.findall(r"final loss .* weights (\w+)", out))
+    # The uninterrupted reference runs where the resumed run ended, on the same hosts through the
+    # same backend: its instances get the sshd sessions' environment too. A local run would
+    # inherit this process's, and numpy's results depend on it (OPENBLAS_CORETYPE and
+    # OPENBLAS_L2_SIZE, set on many cloud machines, pick other BLAS kernels: other last bits).
     reference = subprocess.run(
         [
             PY,
             "-m",
             "poprun_py",
             "launch",
-            "--hosts",
-            "localhost",
+            "-c",
+            str(spec),
+            "-b",
+            "ssh",
+            "--exclude",
+            cluster.hosts[1].name,
             "-r",
             "3",
             "-n",
