@@ -24,12 +24,31 @@ if TYPE_CHECKING:
 
 def mpirun_render_args(prep: Prepared) -> RenderArgs:
     """Open MPI's render arguments: the user's options plus the daemons' start, the interface
-    selection, and whether it runs as root."""
+    selection, and whether it runs as root.
+
+    Interfaces, unless the user chose them (an ``*_if_include``/``*_if_exclude`` in
+    ``--mpi-args``): the ranks' TCP traffic (``btl_tcp_if_include``) on ``--network`` whenever
+    it is given -- a CIDR needs nothing resolved --, else on the hosts' covering network
+    (:func:`mpi_subnet`); the daemons' (``oob_tcp_if_include``) on ``--network`` when this
+    machine, where mpirun's own daemon runs, has an address in it, else on the covering
+    network. Neither when nothing narrow enough is known: Open MPI then chooses (it leaves
+    loopback out by itself; an include list would override that)."""
     plan = prep.plan
+    if user_chose_interfaces(prep.mpi_args):
+        return RenderArgs(mpirun_args_for(prep), None, as_root(plan))
     subnet = mpi_subnet(plan, prep.mpi_args)
-    if plan.network and subnet and here_on(plan.network):
-        subnet = plan.network  # the daemons' too (the ranks' follow plan.network in mpirun.j2)
-    return RenderArgs(mpirun_args_for(prep), subnet, as_root(plan))
+    if plan.network and here_on(plan.network):
+        subnet = plan.network
+    return RenderArgs(mpirun_args_for(prep), subnet, as_root(plan), mpi_network=plan.network)
+
+
+def user_chose_interfaces(mpi_args: tuple[str, ...]) -> bool:
+    """True when ``--mpi-args`` selects Open MPI's interfaces itself.
+
+    >>> user_chose_interfaces(("--mca", "btl_tcp_if_exclude", "docker0"))
+    True
+    """
+    return any("if_include" in a or "if_exclude" in a for a in mpi_args)
 
 
 def here_on(network: str) -> bool:
@@ -63,13 +82,23 @@ def as_root(plan: LaunchPlan) -> bool:
     return os.geteuid() == 0 or any(h.spec.user == "root" for h in plan.hosts)
 
 
+WIDEST_SUBNET = 16
+"""The widest covering network poprun-py selects for Open MPI by itself (a /16). Hosts whose
+addresses only a wider network covers (10.1.0.5 and 10.200.0.5; hosts in different /8s, which
+only 0.0.0.0/0 covers) are on different networks joined by routers: an include list that wide
+also takes in interfaces that are not the cluster's (docker's 172.17.0.0/16, a VPN's) and, at
+0.0.0.0/0, loopback, which Open MPI otherwise leaves out. A /16 is as wide as one site's
+network usually is (an AWS VPC is at most a /16), and holds the test hosts' /24s."""
+
+
 def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
     """Open MPI's interface selection (avoids start-up hangs on the wrong NIC): the smallest IPv4
     network holding every host address and -- when that is within a /16 -- this machine's own
     address towards them: mpirun's daemon runs here, and Open MPI ignores (with a warning) a
-    selection that matches none of the machine's interfaces. None when the user chose already
-    or the hosts are not all IPv4 addresses."""
-    if any("if_include" in a or "if_exclude" in a for a in mpi_args):
+    selection that matches none of the machine's interfaces. None when the user chose already,
+    the hosts are not all IPv4 addresses, or only a network wider than
+    :data:`WIDEST_SUBNET` holds them (Open MPI then chooses)."""
+    if user_chose_interfaces(mpi_args):
         return None
     if plan.cluster.all_local or len(plan.hosts) < 2:
         return None
@@ -78,10 +107,12 @@ def mpi_subnet(plan: LaunchPlan, mpi_args: tuple[str, ...]) -> str | None:
     except ipaddress.AddressValueError:
         return None
     net = covering(addrs)
+    if net.prefixlen < WIDEST_SUBNET:
+        return None
     here = source_address(str(addrs[0]))
     if here is not None and here not in net:
         wider = covering([*addrs, here])
-        net = wider if wider.prefixlen >= 16 else net
+        net = wider if wider.prefixlen >= WIDEST_SUBNET else net
     return str(net)
 
 

@@ -94,6 +94,7 @@ def render(
         mpi_args=args.mpi_args,
         mpi_subnet=args.mpi_subnet,
         as_root=args.as_root,
+        mpi_network=args.mpi_network,
         restart_count=restart_count,
     )
 

@@ -17,10 +17,10 @@ Template context, the same for every launcher: ``backend``, ``plan`` (the Launch
 ``program``, ``job_dir``, ``files`` (``files.hostfile`` is ``<job_dir>/hostfile``), ``file``
 (the call-block collector), ``hosts`` (:class:`HostContext`), ``targets`` (:class:`Target`: the
 machines as launchers name them, with their slots), ``instances`` (:class:`InstanceContext`),
-``secrets``, ``mpi_args``, ``mpi_subnet``, ``as_root`` and ``appfile``: true when the
-per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a template
-should move it into a file; then the values and program words that cannot be one word of such
-a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: those of
+``secrets``, ``mpi_args``, ``mpi_subnet``, ``mpi_network``, ``as_root`` and ``appfile``: true
+when the per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a
+template should move it into a file; then the values and program words that cannot be one word
+of such a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: those of
 :mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``) and ``cpulist``.
 
 The context offers no secret value: in ``inst.env`` a ``None`` value means "pass this variable
@@ -229,11 +229,14 @@ class _FileCollector:
 @dataclass(frozen=True)
 class RenderArgs:
     """What a backend adds to rendering: launcher options (``--mpi-args`` plus its own), the
-    interface selection, and whether the launcher runs as root."""
+    interface selection (``mpi_subnet``: the MPI daemons' network; ``mpi_network``: the ranks',
+    by default the plan's ``--network``, else ``mpi_subnet``), and whether the launcher runs
+    as root."""
 
     mpi_args: tuple[str, ...] = ()
     mpi_subnet: str | None = None
     as_root: bool = False
+    mpi_network: str | None = None
 
 
 def render_job(
@@ -246,6 +249,7 @@ def render_job(
     mpi_args: Sequence[str] = (),
     mpi_subnet: str | None = None,
     as_root: bool = False,
+    mpi_network: str | None = None,
     argv_limit: int = ARGV_LIMIT,
     restart_count: int = 0,  # the attempt: POPRUN_RESTART_COUNT of every instance
 ) -> RenderedJob:
@@ -263,6 +267,7 @@ def render_job(
     contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, restart_count)
     base = _base_context(plan, backend, job_dir, hosts)
     base.update(mpi_args=tuple(mpi_args), mpi_subnet=mpi_subnet, as_root=as_root)
+    base.update(mpi_network=mpi_network)
     argvs = _render_instances(jenv, base, contexts)
     commands = tuple(
         InstanceCommand(
