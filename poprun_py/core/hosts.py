@@ -1,13 +1,17 @@
 """Host expressions: ``h1,h2``, node ranges ``node[01-16,20]``, ``@hostfile``, and Slurm nodelists.
 
 Parsing is pure: :func:`parse_hosts` takes the expression and, for ``@file`` forms, the file's text
-through a ``read`` callable, so tests and the planner never touch the disk by accident. Ranges are
-expanded with ClusterShell's NodeSet (imported only when a bracket appears).
+through a ``read`` callable, so tests and the planner never touch the disk by accident. Ranges
+expand in the order written (ClusterShell's syntax, without its sorting): ``node[07,03]`` is
+node07 then node03, so the first host -- MASTER_ADDR's -- is the one the user put first; a host
+a range names twice is refused as ``node1,node1`` is.
 
 Example:
 
     >>> [h.name for h in parse_hosts("node[01-03],gpu7")]
     ['node01', 'node02', 'node03', 'gpu7']
+    >>> expand_range("rack[2,1]-n[9-10]")
+    ['rack2-n9', 'rack2-n10', 'rack1-n9', 'rack1-n10']
     >>> parse_hostfile_text("a slots=4  # first\\n\\nb slots=4\\n")[1]
     HostEntry(name='b', slots=4)
 """
@@ -68,17 +72,46 @@ def split_top_level(expr: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-def expand_range(part: str) -> list[str]:
-    """Expand one node-range term such as ``node[01-16,20]`` with ClusterShell's NodeSet."""
-    if "[" not in part:
-        return [part]
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-    from ClusterShell.RangeSet import RangeSetParseError
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+_SPAN = re.compile(r"(\d+)(?:-(\d+)(?:/(\d+))?)?")
 
-    try:
-        return [str(n) for n in NodeSet(part)]
-    except (NodeSetParseError, RangeSetParseError) as exc:
-        raise HostExprError(f"bad node range {part!r}: {exc}") from None
+
+def expand_range(part: str) -> list[str]:
+    """Expand one node-range term such as ``node[01-16,20]`` in the order written: the
+    leftmost bracket varies slowest, a span ``a-b`` counts up (``/step`` allowed), padded to
+    the width of ``a`` when ``a`` has a leading zero. HostExprError (one line) otherwise."""
+    if "[" not in part and "]" not in part:
+        return [part]
+    pieces = _BRACKETS.split(part)  # text, ranges, text, ranges, ..., text
+    if any("[" in text or "]" in text for text in pieces[::2]):
+        raise HostExprError(f"bad node range {part!r}: brackets must pair up, unnested")
+    names = [pieces[0]]
+    for ranges, text in zip(pieces[1::2], pieces[2::2], strict=True):
+        values = _range_values(part, ranges)
+        names = [f"{name}{value}{text}" for name in names for value in values]
+    return names
+
+
+def _range_values(part: str, ranges: str) -> list[str]:
+    """The values of one bracket's comma-separated spans, in the order written."""
+    values: list[str] = []
+    for span in ranges.split(","):
+        match = _SPAN.fullmatch(span.strip())
+        if match is None:
+            raise HostExprError(
+                f"bad node range {part!r}: {span.strip()!r} is not N, N-M or N-M/STEP"
+            )
+        first, last, step = match.group(1), match.group(2), match.group(3)
+        start, stop = int(first), int(last if last is not None else first)
+        if stop < start:
+            raise HostExprError(
+                f"bad node range {part!r}: {first}-{last} counts down; write [{last}-{first}]"
+            )
+        if step is not None and int(step) < 1:
+            raise HostExprError(f"bad node range {part!r}: step {step} must be at least 1")
+        width = len(first) if first.startswith("0") and len(first) > 1 else 1
+        values += [str(n).zfill(width) for n in range(start, stop + 1, int(step or 1))]
+    return values
 
 
 def expand_names(expr: str, context: str = "host") -> list[str]:
