@@ -233,16 +233,22 @@ class SlurmBackend(Defaults):
 
 
 def slurm_request(prep: Prepared) -> SlurmRequest:
-    """The allocation a slurm job needs: its hosts (when named), tasks and limits."""
+    """The allocation a slurm job needs: its hosts and spares (when named), tasks (the most
+    on one node: hosts' slots may differ) and limits. With spares, no task count: a spare
+    node runs no task until it takes a lost host's place (Slurm would shrink a job of fewer
+    tasks than nodes)."""
     plan, opts = prep.plan, prep.options
-    named = tuple(h.name for h in plan.hosts if h.name != "localhost")
+    hosts = (*(h.spec for h in plan.hosts), *prep.long_run.spares)
+    named = tuple(h.name for h in hosts if h.name != "localhost")
+    spares = bool(prep.long_run.spares)
     return SlurmRequest(
-        nodes=len(plan.hosts),
-        tasks=plan.num_instances,
+        nodes=len(hosts),
+        tasks=None if spares else plan.num_instances,
         time=opts.slurm_time,
         partition=opts.slurm_partition,
         account=opts.slurm_account,
-        nodelist=named if len(named) == len(plan.hosts) else (),
+        nodelist=named if len(named) == len(hosts) else (),
+        tasks_per_node=max(len(h.instances) for h in plan.hosts),
     ).check()
 
 

@@ -61,7 +61,8 @@ class SlurmRequest:
     """What to ask Slurm for.
 
     ``time`` is in Slurm's format (``30`` minutes, ``1:00:00``, ``2-0``); ``tasks`` must be a
-    multiple of ``nodes``; ``exclusive`` asks for whole nodes (needed for NUMA binding);
+    multiple of ``nodes``, unless ``tasks_per_node`` gives the most tasks a node runs (hosts
+    with different slots); ``exclusive`` asks for whole nodes (needed for NUMA binding);
     ``nodelist`` names the nodes (as many as ``nodes``); ``output`` is sbatch's ``--output``.
     """
 
@@ -74,15 +75,13 @@ class SlurmRequest:
     exclusive: bool = True
     nodelist: tuple[str, ...] = ()
     output: str | None = None
+    tasks_per_node: int | None = None
 
     def check(self) -> SlurmRequest:
         """Return self if valid; raise UsageError naming the bad field otherwise."""
         if self.nodes < 1:
             raise UsageError(f"--nodes must be at least 1, got {self.nodes}")
-        if self.tasks is not None and (self.tasks < 1 or self.tasks % self.nodes):
-            raise UsageError(
-                f"{self.tasks} tasks cannot be spread evenly over {self.nodes} Slurm node(s)"
-            )
+        self._check_tasks()
         if self.time is not None and not _TIME.fullmatch(self.time):
             raise UsageError(f"bad --time {self.time!r}: use minutes, [D-]HH:MM[:SS] or MM:SS")
         if self.nodelist and len(self.nodelist) != self.nodes:
@@ -95,6 +94,19 @@ class SlurmRequest:
                 raise UsageError(f"bad Slurm {what} {value!r}: no spaces or shell characters")
         return self
 
+    def _check_tasks(self) -> None:
+        tasks, per_node, nodes = self.tasks, self.tasks_per_node, self.nodes
+        if per_node is not None and per_node < 1:
+            raise UsageError(f"--ntasks-per-node must be at least 1, got {per_node}")
+        if tasks is None:
+            return
+        if per_node is None and (tasks < 1 or tasks % nodes):
+            raise UsageError(f"{tasks} tasks cannot be spread evenly over {nodes} Slurm node(s)")
+        if per_node is not None and not nodes <= tasks <= per_node * nodes:
+            raise UsageError(
+                f"{tasks} tasks cannot run on {nodes} Slurm node(s) of at most {per_node} each"
+            )
+
 
 def request_options(req: SlurmRequest) -> list[str]:
     """The options salloc and sbatch share for ``req`` (validated first).
@@ -105,7 +117,12 @@ def request_options(req: SlurmRequest) -> list[str]:
     req.check()
     opts = [f"--nodes={req.nodes}"]
     if req.tasks is not None:
-        opts += [f"--ntasks={req.tasks}", f"--ntasks-per-node={req.tasks // req.nodes}"]
+        opts.append(f"--ntasks={req.tasks}")
+    per_node = req.tasks_per_node
+    if per_node is None and req.tasks is not None:
+        per_node = req.tasks // req.nodes
+    if per_node is not None:
+        opts.append(f"--ntasks-per-node={per_node}")  # with --ntasks: the most on any node
     if req.time is not None:
         opts.append(f"--time={req.time}")
     if req.partition is not None:

@@ -3,10 +3,12 @@ communication groups and input shard. Pure: data in, data out.
 
 Rules (PopRun's, plus poprun-py's own checks):
 
-- replicas are split evenly over instances, instances evenly over hosts;
-- ``--instances`` defaults to the cluster's default, else the sum of hostfile slots, else one
+- replicas are split evenly over instances; instances go to hosts by their slots (hostfile
+  ``slots=N``, spec ``slots:``; every host or none has slots, and they add up to
+  ``--instances``), else evenly;
+- ``--instances`` defaults to the cluster's default, else the sum of the slots, else one
   instance per host; ``--replicas`` defaults to the cluster's default, else one per instance;
-- with NUMA awareness a host's NUMA nodes are divided evenly among its instances (PopRun's
+- with NUMA awareness each host's NUMA nodes are divided evenly among its instances (PopRun's
   ``spreadnuma``); instances sharing a node split its CPUs; an instance that would hold every
   CPU of its host (one NUMA node holding them all, or one instance a host) is not bound
   (:func:`binds`): the binding would change nothing, and the plan's notes say so;
@@ -118,18 +120,19 @@ def make_plan(
         raise PlanError("no hosts to run on")
     instances, source = _num_instances(cluster, job)
     replicas = job.replicas
-    _check_sizes(replicas, instances, len(hosts), job)
-    per_host = instances // len(hosts)
+    _check_sizes(replicas, instances, job)
+    counts = host_counts(cluster, instances, source)
     per_instance = replicas // instances
     host_plans, notes = _host_plans(
-        hosts, per_host, default_topology, default_topology_source, discovered or {}
+        hosts, counts, default_topology, default_topology_source, discovered or {}
     )
     shards = _shards(inputs, instances, job.eval_pad)
     plans = []
     for hp in host_plans:
-        bindings = _bind(hp, per_host, per_instance, job)
+        count = len(hp.instances)
+        bindings = _bind(hp, count, per_instance, job)
         for local, (nodes, cpus, devices) in enumerate(bindings):
-            index = hp.index * per_host + local
+            index = hp.instances[local]
             offset = index * per_instance
             plans.append(
                 InstancePlan(
@@ -137,7 +140,7 @@ def make_plan(
                     hp.name,
                     hp.index,
                     local,
-                    per_host,
+                    count,
                     offset,
                     per_instance,
                     nodes,
@@ -147,9 +150,11 @@ def make_plan(
                     shards[index],
                 )
             )
-    crosses = _groups_cross(job.group_size, replicas, per_host * per_instance)
+    host_replicas = [c * per_instance for c in counts]
+    crosses = _groups_cross(job.group_size, host_replicas)
     if crosses:
-        notes.append(_cross_note(job.group_size or 1, per_host * per_instance))
+        notes.append(_cross_note(job.group_size or 1, host_replicas, host_plans))
+    notes += _slots_note(host_plans)
     if not job.numa_aware:
         notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
     notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
@@ -227,7 +232,52 @@ def _num_instances(cluster: ClusterSpec, job: JobSpec) -> tuple[int, str]:
     return len(cluster.hosts), "default: one instance per host"
 
 
-def _check_sizes(replicas: int, instances: int, num_hosts: int, job: JobSpec) -> None:
+def host_counts(cluster: ClusterSpec, instances: int, source: str) -> tuple[int, ...]:
+    """How many of the ``instances`` each host runs: its slots when the hosts have slots (they
+    must add up), else an even share. PlanError (one line) otherwise.
+
+    >>> from poprun_py.core.spec import ClusterSpec, HostSpec
+    >>> host_counts(ClusterSpec("c", (HostSpec("a", slots=3), HostSpec("b", slots=1))), 4, "")
+    (3, 1)
+    """
+    hosts = cluster.hosts
+    slots = [h.slots for h in hosts]
+    if all(s is None for s in slots):
+        if instances % len(hosts):
+            raise PlanError(
+                f"{_asked(instances, source)} is not a multiple of the number of hosts "
+                f"({len(hosts)})"
+            )
+        return (instances // len(hosts),) * len(hosts)
+    if any(s is None for s in slots):
+        given = next(h.name for h in hosts if h.slots is not None)
+        bare = next(h.name for h in hosts if h.slots is None)
+        raise PlanError(
+            f"host {given} has slots but host {bare} has none: give every host slots, or none"
+        )
+    total = sum(s for s in slots if s is not None)
+    if total != instances:
+        raise PlanError(
+            f"the hosts' slots add up to {total} ({_each(hosts, slots)}), "
+            f"not to {_asked(instances, source)}"
+        )
+    return tuple(s for s in slots if s is not None)
+
+
+def _asked(instances: int, source: str) -> str:
+    """How the instance count was asked for, in the user's own terms."""
+    if source == "--instances":
+        return f"--instances {instances}"
+    return f"{instances} instances ({source})"
+
+
+def _each(hosts: Sequence[HostSpec], counts: Sequence[int | None]) -> str:
+    """``h1 3, h2 1`` (the first four hosts)."""
+    shown = ", ".join(f"{h.name} {n}" for h, n in zip(hosts[:4], counts, strict=False))
+    return shown + ", ..." * (len(hosts) > 4)
+
+
+def _check_sizes(replicas: int, instances: int, job: JobSpec) -> None:
     if replicas < 1:
         raise PlanError(f"--replicas must be at least 1, got {replicas}")
     if instances < 1:
@@ -238,10 +288,6 @@ def _check_sizes(replicas: int, instances: int, num_hosts: int, job: JobSpec) ->
         raise PlanError(f"more instances ({instances}) than replicas ({replicas})")
     if replicas % instances:
         raise PlanError(f"--replicas {replicas} is not a multiple of --instances {instances}")
-    if instances % num_hosts:
-        raise PlanError(
-            f"--instances {instances} is not a multiple of the number of hosts ({num_hosts})"
-        )
     if job.group_size is not None:
         if job.group_size < 1:
             raise PlanError(f"--group-size must be at least 1, got {job.group_size}")
@@ -253,7 +299,7 @@ def _check_sizes(replicas: int, instances: int, num_hosts: int, job: JobSpec) ->
 
 def _host_plans(
     hosts: Sequence[HostSpec],
-    per_host: int,
+    counts: Sequence[int],
     default: Topology | None,
     default_source: str,
     discovered: Mapping[str, Topology | None],
@@ -266,7 +312,8 @@ def _host_plans(
         if topo is None:
             topo, source = default, default_source if default is not None else "unknown"
             assumed.append(host.name)
-        ids = tuple(range(index * per_host, (index + 1) * per_host))
+        first = sum(counts[:index])
+        ids = tuple(range(first, first + counts[index]))
         plans.append(HostPlan(index, host, topo, source, ids))
     notes = []
     if assumed and default is not None and default_source == "assumed":
@@ -383,19 +430,35 @@ def _groups(offset: int, count: int, size: int | None) -> tuple[int, ...]:
     return tuple(range(offset // size, (offset + count - 1) // size + 1))
 
 
-def _groups_cross(size: int | None, replicas: int, per_host: int) -> bool:
-    return size is not None and replicas > per_host and per_host % size != 0
+def _groups_cross(size: int | None, host_replicas: Sequence[int]) -> bool:
+    """True when a replica group of ``size`` spans hosts: some host's replica count is not a
+    multiple of it (hosts' replicas are consecutive, so their offsets then are not either)."""
+    return size is not None and len(host_replicas) > 1 and any(n % size for n in host_replicas)
 
 
-def _cross_note(size: int, per_host: int) -> str:
-    if size > per_host:
-        why = f"each host has only {per_host} replica(s)"
+def _cross_note(size: int, host_replicas: Sequence[int], hosts: Sequence[HostPlan]) -> str:
+    if len(set(host_replicas)) == 1:
+        per_host = host_replicas[0]
+        if size > per_host:
+            why = f"each host has only {per_host} replica(s)"
+        else:
+            why = f"{per_host} replicas per host is not a multiple of {size}"
     else:
-        why = f"{per_host} replicas per host is not a multiple of {size}"
+        k = next(k for k, n in enumerate(host_replicas) if n % size)
+        why = f"host {hosts[k].name} has {host_replicas[k]} replica(s), not a multiple of {size}"
     return f"replica groups of {size} cross host boundaries: {why}"
 
 
 def _shards(inputs: InputSet | None, instances: int, eval_pad: int | None) -> list[Shard]:
+def _slots_note(hosts: Sequence[HostPlan]) -> list[str]:
+    """One note when hosts run different numbers of instances (their slots)."""
+    counts = [len(h.instances) for h in hosts]
+    if len(set(counts)) < 2:
+        return []
+    each = _each([h.spec for h in hosts], counts)
+    return [f"instances per host follow the hosts' slots: {each} (LOCAL_WORLD_SIZE differs)"]
+
+
     if inputs is None or not inputs.paths:
         if eval_pad is not None:
             raise PlanError("--eval-pad needs input files (--input)")

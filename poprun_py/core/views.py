@@ -37,14 +37,13 @@ def topology_lines(plan: LaunchPlan) -> list[str]:
     """PopRun's ``--print-topology`` table: hosts / instances / replicas, each cell spanning its
     children. Large plans fold replicas into ranges per instance, then instances per host."""
     per_instance = plan.replicas_per_instance
-    per_host = plan.num_instances // len(plan.hosts)
     fold_replicas = plan.num_replicas > MAX_CELLS
     fold_instances = plan.num_instances > MAX_CELLS
     if fold_instances:
         leaves = [
             (
-                _ranges(h.instances[0], per_host),
-                _ranges(h.instances[0] * per_instance, per_host * per_instance),
+                _ranges(h.instances[0], len(h.instances)),
+                _ranges(h.instances[0] * per_instance, len(h.instances) * per_instance),
             )
             for h in plan.hosts
         ]
@@ -224,6 +223,7 @@ def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
                 "index": h.index,
                 "name": h.name,
                 "address": h.spec.target,
+                "slots": h.spec.slots,
                 "topology_source": h.topology_source,
                 "device_kind": h.topology.device_kind if h.topology else None,
                 "interface": list(plan.interfaces[h.name]) if h.name in plan.interfaces else None,
@@ -251,6 +251,7 @@ def _instance_dict(plan: LaunchPlan, inst: InstancePlan) -> dict[str, Any]:
         "host": inst.host,
         "host_index": inst.host_index,
         "local_index": inst.local_index,
+        "num_local_instances": inst.num_local_instances,
         "replica_offset": inst.replica_offset,
         "num_local_replicas": inst.num_local_replicas,
         "numa_nodes": list(inst.numa_nodes),

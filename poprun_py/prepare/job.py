@@ -247,15 +247,16 @@ def spares_only(prep: Prepared) -> Prepared | None:
     spares = prep.long_run.spares
     if not spares or prep.job is None:
         return None
-    cluster = replace(prep.plan.cluster, hosts=spares, spares=())
+    one_each = tuple(replace(s, slots=None) for s in spares)  # slots would ask for more
+    cluster = replace(prep.plan.cluster, hosts=one_each, spares=())
     job = replace(prep.job, instances=len(spares), replicas=len(spares), group_size=None)
     return replace(prep, plan=make_plan(cluster, job, default_topology=prep.local_topology))
 
 
 def _in_place_of(lost: HostSpec, spare: HostSpec) -> HostSpec:
-    """A spare taking a lost host's place keeps the lost host's slots and topology unless it
-    declares its own (the plan must stay the same)."""
-    return replace(spare, slots=spare.slots or lost.slots, topology=spare.topology or lost.topology)
+    """A spare taking a lost host's place runs the lost host's instances (its slots: the plan
+    must stay the same), with the lost host's topology unless it declares its own."""
+    return replace(spare, slots=lost.slots, topology=spare.topology or lost.topology)
 
 
 def _with_spares(cluster: ClusterSpec, given: str | None) -> ClusterSpec:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,8 +75,25 @@ def node16() -> LaunchPlan:
     return make_plan(cluster, job, inputs)
 
 
-PLANS: dict[str, Callable[[], LaunchPlan]] = {"sim2": sim2, "h4": h4, "node16": node16}
+def slots2() -> LaunchPlan:
+    """Two hosts by address with slots 3 and 1 (a hostfile's), two NUMA nodes of 4 CPUs each:
+    3 instances on the first host, 1 on the second, 2 replicas each."""
+    hosts = (
+        HostSpec("s1", address="198.18.0.21", slots=3),
+        HostSpec("s2", address="198.18.0.22", slots=1),
+    )
+    cluster = ClusterSpec("slots2", tuple(replace(h, topology=uniform(2, 4)) for h in hosts))
+    return make_plan(cluster, JobSpec(("python", "train.py"), replicas=8))
+
+
+PLANS: dict[str, Callable[[], LaunchPlan]] = {
+    "sim2": sim2,
+    "h4": h4,
+    "node16": node16,
+    "slots2": slots2,
+}
 OPTIONS: dict[str, dict[str, object]] = {
+    "slots2": {"mpi_subnet": "198.18.0.16/28"},
     "sim2": {},
     "h4": {"as_root": True, "mpi_subnet": "198.18.0.0/24"},
     "node16": {"mpi_args": ("--mca", "pml", "ob1")},
