@@ -7,6 +7,13 @@ itself, :mod:`poprun_py.process.binding`; numactl is not needed), and supervised
 :mod:`poprun_py.process.supervise`. A command a user's template starts with ``numactl`` needs
 numactl: if it is missing, that is a preflight fault (exit 3) and nothing starts.
 
+Hosts are simulated: ``--backend local --hosts h1,h2`` runs "h1" and "h2" as local processes,
+never on the machines of those names. Unless a cluster spec declares its hosts ``simulated:``
+(``clusters/local-2.yaml``) or they are this machine's names, the plan's notes say so
+(:func:`poprun_py.prepare.program.simulated_note`) and so does one warning on stderr when the
+launch starts. Preflight checks the working directory and the program here before anything
+starts (:func:`poprun_py.launch.preflight.check_here`).
+
 Example:
 
     >>> from poprun_py.backends.base import RunOptions
@@ -24,11 +31,13 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Defaults, run_to_end
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import LocalSession, check_numactl, local_topologies
+from poprun_py.prepare.program import SIMULATED
 from poprun_py.process.output import Output, write_job_files
 from poprun_py.process.supervise import Child, Supervision
 
@@ -39,6 +48,8 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import InstanceCommand, RenderedJob
+
+log = logging.getLogger(__name__)
 
 
 class LocalBackend(Defaults):
@@ -51,7 +62,11 @@ class LocalBackend(Defaults):
         return local_topologies(prep)
 
     def open(self, prep: Prepared, settings: RunSettings) -> LocalSession:
-        """Nothing to take hold of: the instances run here."""
+        """Nothing to take hold of: the instances run here (a warning when they simulate
+        hosts named after other machines: the plan's note)."""
+        for note in prep.plan.notes:
+            if note.startswith(SIMULATED):
+                log.warning("%s", note)
         return LocalSession(self)
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:

@@ -85,12 +85,17 @@ class LocalSession:
         self.runner, self.tools = runner, dict(tools or {})
 
     def preflight(self, prep: Prepared) -> Checked:
-        """The launcher's tools are on PATH; the topology is this machine's."""
+        """The launcher's tools are on PATH; the working directory and the program are here;
+        the topology is this machine's."""
+        from poprun_py.launch.preflight import check_here
+
         check_tools(self.tools)
         plan = prep.plan
+        faults = check_here(plan)
         if plan.network and not plan.interfaces:
-            fault = Fault("localhost", "network", f"no address in {plan.network} here")
-            raise PreflightError([fault])
+            faults.append(Fault("localhost", "network", f"no address in {plan.network} here"))
+        if faults:
+            raise PreflightError(faults)
         return Checked(prep, local_topologies(prep))
 
     def sync(self, paths: Sequence[str]) -> None:

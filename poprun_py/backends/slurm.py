@@ -272,14 +272,17 @@ class SlurmSession:
         alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
         plan = prep.plan
-        if all(h.name != "localhost" for h in plan.hosts) and needs_discovery(plan):
+        if all(h.name != "localhost" for h in plan.hosts):
             from poprun_py.backends.session import with_topologies
 
-            self.report = report = discover_nodes(plan, self.environ, alloc.job_id)
+            discover = needs_discovery(plan)  # else: the program and workdir only
+            report = discover_nodes(plan, self.environ, alloc.job_id, discover=discover)
+            self.report = report
             for warning in report.warnings:
                 log.warning("%s", warning)
-            prep = with_topologies(prep, report.topologies, report.interfaces(plan.network))
-            return Checked(prep, report.topologies)
+            if discover:
+                prep = with_topologies(prep, report.topologies, report.interfaces(plan.network))
+                return Checked(prep, report.topologies)
         return Checked(prep, {})
 
     def sync(self, paths: Sequence[str]) -> None:

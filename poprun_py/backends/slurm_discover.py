@@ -4,8 +4,8 @@ topology, GPUs, RDMA NICs and interfaces) and names its node (``SLURMD_NODENAME`
 answer is parsed as an SSH host's is (:func:`~poprun_py.launch.preflight.parse_check_output`), so
 ``--network`` picks each node's interface and every node's faults come at once (exit 3, nothing
 started). The step overlaps (``--overlap``) any step already running in the allocation, so it
-never waits for CPUs another step holds; it is skipped when every node's topology is declared
-and there is no ``--network``.
+never waits for CPUs another step holds. When every node's topology is declared and there is no
+``--network`` it checks only the working directory and the program (``discover=False``).
 
 A discovered topology is the whole node's. The plan binds instances and gives them devices
 from it only where the job holds every CPU of the node (``scontrol show job -d``'s ``CPU_IDs``
@@ -29,6 +29,7 @@ import re
 import secrets
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.slurm_alloc import CLIENT_TIMEOUT, cancel_steps, client
@@ -93,11 +94,16 @@ def job_cpus(job_id: str, environ: Mapping[str, str]) -> dict[str, int]:
         return {}
 
 
-def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) -> PreflightReport:
-    """Every node's report from one step (topologies only of the nodes the job holds whole);
+def discover_nodes(
+    plan: LaunchPlan, environ: Mapping[str, str], job_id: str, *, discover: bool = True
+) -> PreflightReport:
+    """Every node's report from one step (topologies only of the nodes the job holds whole;
+    without ``discover``, only the working directory, the program and numactl are checked);
     PreflightError with every node's faults."""
     names = [h.name for h in plan.hosts]
     checks = checks_for_plan(plan)
+    if not discover:
+        checks = replace(checks, topology=False, hardware=False)
     step = f"poprun-preflight-{secrets.token_hex(4)}"  # this launch's alone: cancelled by name
     argv = [
         "srun", "--overlap", "--label", f"--nodes={len(names)}", f"--ntasks={len(names)}",
@@ -110,7 +116,7 @@ def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) ->
     if not found:
         detail = (err.strip().splitlines() or [f"exit {code}, no answer"])[-1]
         raise PreflightError([Fault("localhost", "srun", f"preflight step failed: {detail}")])
-    held = job_cpus(job_id, environ)
+    held = job_cpus(job_id, environ) if discover else {}
     hosts, faults, warnings, shared = [], [], [], []
     for name in names:
         if name not in found:
@@ -119,10 +125,11 @@ def discover_nodes(plan: LaunchPlan, environ: Mapping[str, str], job_id: str) ->
             continue
         host_faults, report = parse_check_output(name, checks, found[name])
         faults += host_faults
-        if report.topology is None:
+        topo = report.topology
+        if discover and topo is None:
             warnings.append(f"{name}: NUMA topology could not be discovered")
-        elif (held.get(name) or 0) < len(report.topology.cpus):
-            shared.append(f"{name} ({held.get(name) or '?'} of {len(report.topology.cpus)})")
+        elif discover and topo is not None and (held.get(name) or 0) < len(topo.cpus):
+            shared.append(f"{name} ({held.get(name) or '?'} of {len(topo.cpus)})")
             report = HostReport(name, hardware=report.hardware, numactl=report.numactl)
         hosts.append(report)
     if faults:

@@ -49,6 +49,7 @@ def _command(mode: str) -> Callable[..., None]:
         group_size: o.GroupSize = None,
         inputs: o.Inputs = None,
         eval_pad: o.EvalPad = None,
+        strict_shards: o.StrictShards = None,
         env: o.Env = None,
         backend: o.Backend = None,
         workdir: o.Workdir = None,
@@ -99,6 +100,7 @@ def _command(mode: str) -> Callable[..., None]:
             group_size=group_size,
             inputs=tuple(inputs or ()),
             eval_pad=eval_pad,
+            strict_shards=strict_shards,
             env=tuple(env or ()),
             backend=backend,
             workdir=workdir,
@@ -260,6 +262,8 @@ def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]
             argv += [flag, str(value)]
     if opts.numa_aware is not None:
         argv.append("--numa-aware" if opts.numa_aware else "--no-numa-aware")
+    if opts.strict_shards is not None:
+        argv.append("--strict-shards" if opts.strict_shards else "--no-strict-shards")
     for flag, value in (
         ("--network", opts.network),
         ("--device-env", opts.device_env),

@@ -89,7 +89,17 @@ Inputs = Annotated[
         "--input",
         "-i",
         rich_help_panel=H_SIZE,
-        help="Input files: a glob (repeatable) or @manifest ('path [size]' lines).",
+        help="Input files: a glob (repeatable), a directory (every file under it) or @manifest "
+        "('path [size]' lines).",
+    ),
+]
+StrictShards = Annotated[
+    Optional[bool],  # noqa: UP045
+    typer.Option(
+        "--strict-shards/--no-strict-shards",
+        rich_help_panel=H_SIZE,
+        help="Refuse (exit 2) input shards the plan notes as uneven: an instance with no "
+        "files, or the largest shard over 2x the smallest (default: the spec's, else off).",
     ),
 ]
 EvalPad = Annotated[

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from poprun_py.core.shard import EMPTY_SHARD, InputSet, Shard, assign_shards
+from poprun_py.core.shard import EMPTY_SHARD, InputSet, Shard, assign_shards, uneven_shards
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.core.topology import Topology
 from poprun_py.errors import PlanError
@@ -160,6 +160,7 @@ def make_plan(
     notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
     found = {h.name: interfaces[h.name] for h in hosts if interfaces and h.name in interfaces}
     notes += _placement_notes(host_plans)
+    notes += uneven_shards(shards) if inputs is not None and inputs.paths else []
     return LaunchPlan(
         cluster=cluster,
         program=job.program,
@@ -449,7 +450,6 @@ def _cross_note(size: int, host_replicas: Sequence[int], hosts: Sequence[HostPla
     return f"replica groups of {size} cross host boundaries: {why}"
 
 
-def _shards(inputs: InputSet | None, instances: int, eval_pad: int | None) -> list[Shard]:
 def _slots_note(hosts: Sequence[HostPlan]) -> list[str]:
     """One note when hosts run different numbers of instances (their slots)."""
     counts = [len(h.instances) for h in hosts]
@@ -459,6 +459,7 @@ def _slots_note(hosts: Sequence[HostPlan]) -> list[str]:
     return [f"instances per host follow the hosts' slots: {each} (LOCAL_WORLD_SIZE differs)"]
 
 
+def _shards(inputs: InputSet | None, instances: int, eval_pad: int | None) -> list[Shard]:
     if inputs is None or not inputs.paths:
         if eval_pad is not None:
             raise PlanError("--eval-pad needs input files (--input)")

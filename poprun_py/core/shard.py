@@ -8,6 +8,11 @@ result does not depend on the order the files were listed in.
 ``eval_pad=B`` pads every shard to the same whole number of batches of ``B`` entries, repeating
 the shard's own files at its end; ``Shard.padding`` says how many trailing entries are padding.
 
+Balanced is not even: fewer files than shards leave shards empty, and one big file outweighs many
+small ones. :func:`uneven_shards` says so, in one line each: an instance that gets no files, or a
+heaviest shard over :data:`UNEVEN_FACTOR` times the lightest (the plan's notes; refused with
+``--strict-shards``).
+
 Example:
 
     >>> files = [InputFile("a", 50), InputFile("b", 40), InputFile("c", 30), InputFile("d", 5)]
@@ -15,6 +20,12 @@ Example:
     [('a', 'd'), ('b', 'c')]
     >>> assign_shards(files, 3, eval_pad=2)[0]
     Shard(files=('a', 'a'), bytes=50, padding=1)
+    >>> uneven_shards(assign_shards(files, 2))
+    []
+    >>> uneven_shards(assign_shards(files, 5))[0]
+    '1 of 5 instances gets no input files (4 files for 5 instances): instance 4'
+    >>> uneven_shards(assign_shards([InputFile("a", 10**6), InputFile("b", 13000)], 2))[0][:64]
+    'the largest input shard (976.6 KiB, instance 0) is 76.9x the sma'
 """
 
 from __future__ import annotations
@@ -62,6 +73,59 @@ class InputSet:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+
+UNEVEN_FACTOR = 2.0
+"""A heaviest shard over this many times the lightest is noted (``--strict-shards``: refused)."""
+
+
+def uneven_shards(shards: Sequence[Shard], factor: float = UNEVEN_FACTOR) -> list[str]:
+    """One line per way ``shards`` are uneven: instances with no files, a heaviest shard over
+    ``factor`` times the lightest (bytes, padding excluded); [] when they are even enough."""
+    problems = []
+    empty = [i for i, s in enumerate(shards) if len(s.files) == s.padding]
+    if empty:
+        files = sum(len(s.files) - s.padding for s in shards)
+        problems.append(
+            f"{len(empty)} of {len(shards)} instances {'gets' if len(empty) == 1 else 'get'} no "
+            f"input files ({files} files for "
+            f"{len(shards)} instances): instance{'s' if len(empty) > 1 else ''} {_some(empty)}"
+        )
+    full = [i for i, s in enumerate(shards) if len(s.files) > s.padding]
+    if len(full) > 1:
+        big = max(full, key=lambda i: shards[i].bytes)
+        small = min(full, key=lambda i: shards[i].bytes)
+        top, low = shards[big].bytes, shards[small].bytes
+        if top > factor * low:
+            ratio = f"{top / low:.1f}x" if low else "many times"
+            problems.append(
+                f"the largest input shard ({human_bytes(top)}, instance {big}) is {ratio} the "
+                f"smallest ({human_bytes(low)}, instance {small}), over {factor:g}x: split the "
+                "big files, or give more files than instances"
+            )
+    return problems
+
+
+def refuse_uneven(shards: Sequence[Shard], factor: float = UNEVEN_FACTOR) -> None:
+    """InputError (exit 2, nothing started) with the first of :func:`uneven_shards`' lines."""
+    problems = uneven_shards(shards, factor)
+    if problems:
+        raise InputError(f"uneven input shards (--strict-shards): {problems[0]}")
+
+
+def _some(indices: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, indices[:limit]))
+    return shown + (f" and {len(indices) - limit} more" if len(indices) > limit else "")
+
+
+def human_bytes(n: int) -> str:
+    """``976.6 KiB``: bytes in binary units, as the plan's tables show them."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 def parse_manifest(text: str, source: str = "manifest") -> list[tuple[str, int | None]]:

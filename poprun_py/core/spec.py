@@ -82,6 +82,7 @@ class Defaults:
     restart_delay: float | None = None
     timeout: float | None = None  # seconds
     hang_timeout: float | None = None
+    strict_shards: bool | None = None  # refuse uneven input shards (--strict-shards)
 
 
 @dataclass(frozen=True)

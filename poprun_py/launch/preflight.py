@@ -13,6 +13,8 @@ topology; with ``--network CIDR``, a host with no address in CIDR is a fault. On
 machine, in parallel with those: how long each host name takes to resolve (a name that resolves
 slowly or not at all stalls mpirun about 5 s per host). Unreachable hosts, refused keys and
 host-key mismatches come from :meth:`ConnectionPool.connect_all` and join the same list.
+Instances that run on this machine (the local backend, mpirun/mpiexec with every host here) get
+the same checks of the working directory and the program from :func:`check_here`, in Python.
 
 Warnings (a slow or unresolvable host name, a topology that could not be discovered) are in
 :attr:`PreflightReport.warnings` and are also logged, one record each, to the
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import posixpath
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -186,16 +190,35 @@ def checks_for_plan(plan: LaunchPlan) -> Checks:
     commands: list[str] = [argv[0]] if argv else []
     files: list[str] = []
     base = posixpath.basename(argv[0]) if argv else ""
-    if base.startswith(_PYTHONS):
+    if base.startswith(_PYTHONS) or (argv and argv[0] == plan.cluster.defaults.python):
         script = _script_arg(argv[1:])
         files += [script] if script else []
-    elif base.endswith(".py"):
-        commands.insert(0, plan.cluster.defaults.python or "python3")
-        if "/" in argv[0]:
-            files.append(argv[0])
     bound = frozenset(i.host for i in plan.instances) if plan.numa_aware else frozenset()
     unique = tuple(dict.fromkeys(commands))
     return Checks(plan.workdir, unique, tuple(files), bound, network=plan.network)
+
+
+def check_here(plan: LaunchPlan, environ: Mapping[str, str] | None = None) -> list[Fault]:
+    """The faults :data:`CHECK_SCRIPT` would find on this machine (workdir, interpreter,
+    program, script file), found without a shell: for instances that run here (the local
+    backend, mpirun/mpiexec on this machine only). ``PATH`` is the instances' (``--env PATH``,
+    the spec's ``env``, else ``environ``'s, as the local spawner looks programs up)."""
+    checks = replace(checks_for_plan(plan), topology=False, hardware=False, network=None)
+    env = {**(os.environ if environ is None else environ), **{v.name: v.value for v in plan.env}}
+    path = env.get("PATH", os.defpath)
+    wd = checks.workdir
+    lines = [f"wd {int(os.path.isdir(wd))}"] if wd else []
+    here = os.path.join(os.getcwd(), wd) if wd else os.getcwd()
+    for i, name in enumerate(checks.commands):
+        if "/" in name:
+            full = os.path.join(here, name)
+            ok = os.path.isfile(full) and os.access(full, os.X_OK)
+        else:
+            ok = shutil.which(name, path=path) is not None
+        lines.append(f"cmd {i} {int(ok)}")
+    for i, name in enumerate(checks.files):
+        lines.append(f"file {i} {int(os.path.exists(os.path.join(here, name)))}")
+    return parse_check_output("localhost", checks, "\n".join(lines) + "\n")[0]
 
 
 def _script_arg(args: Sequence[str]) -> str | None:

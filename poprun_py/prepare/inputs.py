@@ -1,6 +1,8 @@
-"""Input files from ``--input GLOB`` (repeatable) and ``--input @manifest``: the I/O edge of
-sharding. Globs are expanded and sized with ``stat``; manifests may carry sizes (then nothing is
-stat-ed, so a manifest can describe data that lives only on the hosts).
+"""Input files from ``--input GLOB`` (repeatable), ``--input DIR`` and ``--input @manifest``: the
+I/O edge of sharding. Globs are expanded and sized with ``stat`` (``**`` spans directories); a
+directory means every file under it, recursively, hidden ones (names starting with ``.``, and
+whatever is under such directories) left out, as ``DIR/**`` matches them; manifests may carry
+sizes (then nothing is stat-ed, so a manifest can describe data that lives only on the hosts).
 
 Example:
 
@@ -10,6 +12,8 @@ Example:
     >>> files = collect_inputs([str(d / "*.rec")])
     >>> [pathlib.Path(p).name for p in files.paths], files.sizes
     (['a.rec', 'b.rec'], (2, 1))
+    >>> len(collect_inputs([str(d)]))
+    2
 """
 
 from __future__ import annotations
@@ -40,10 +44,24 @@ def collect_inputs(patterns: Sequence[str], cwd: str | None = None) -> InputSet:
 
 def _from_glob(pattern: str, base: str) -> tuple[list[str], list[int]]:
     if not pattern:
-        raise InputError("--input needs a glob pattern or @manifest")
+        raise InputError("--input needs a glob pattern, a directory or @manifest")
     full = pattern if os.path.isabs(pattern) else os.path.join(base, pattern)
-    matches = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+    if not glob.has_magic(full) and os.path.isdir(full):  # a directory: every file under it
+        found = glob.glob(os.path.join(glob.escape(full), "**"), recursive=True)
+        matches = sorted(p for p in found if os.path.isfile(p))
+        if not matches:
+            raise InputError(f"--input {pattern!r} is a directory with no files in it")
+        return matches, [os.path.getsize(p) for p in matches]
+    found = glob.glob(full, recursive=True)
+    matches = sorted(p for p in found if os.path.isfile(p))
     if not matches:
+        dirs = [p for p in found if os.path.isdir(p)]
+        if dirs:
+            raise InputError(
+                f"--input {pattern!r} matches only directories ({len(dirs)}, e.g. "
+                f"{os.path.relpath(dirs[0], base)}): give a directory alone for every file "
+                "under it, or a pattern that matches files"
+            )
         raise InputError(f"--input {pattern!r} matches no files")
     return matches, [os.path.getsize(p) for p in matches]
 

@@ -27,7 +27,7 @@ from poprun_py.backends import check_backend
 from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
-from poprun_py.core.shard import InputSet
+from poprun_py.core.shard import InputSet, refuse_uneven
 from poprun_py.core.spec import (
     ClusterSpec,
     EnvVar,
@@ -39,6 +39,7 @@ from poprun_py.core.spec import (
 )
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
+from poprun_py.prepare.program import resolve_program, simulated_note
 
 if TYPE_CHECKING:
     from poprun_py.ssh.settings import SshSettings
@@ -105,6 +106,7 @@ class LaunchOptions:
     timeout: str | None = None
     hang_timeout: float | None = None
     spare_hosts: str | None = None
+    strict_shards: bool | None = None
 
     @property
     def ssh(self) -> SshOptions:
@@ -172,6 +174,8 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
     local_topo = _local_topology() if local else None
     job = _job(opts, cluster, env, backend)
     check_user_env([*cluster.env, *(v.name for v in job.env)])
+    run = resolve_program(job, cluster, here=local)  # a .py file: the instance's Python
+    job = replace(job, program=run.program)
     inputs = _inputs(opts.inputs, job.workdir)
     plan = make_plan(
         cluster,
@@ -181,6 +185,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         default_topology_source="this machine" if backend == "local" else "assumed",
         interfaces=_local_interfaces(cluster, job.network) if local else None,
     )
+    plan = _checked(plan, opts, backend, run.note, declared=bool(base and base.simulated))
     mpi_args = _split_mpi_args(opts.mpi_args) if opts.mpi_args else d.mpi_args
     return Prepared(
         plan=plan,
@@ -195,6 +200,23 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         job=job,
         inputs=inputs,
     )
+
+
+def _checked(
+    plan: LaunchPlan, opts: LaunchOptions, backend: str, note: str | None, *, declared: bool
+) -> LaunchPlan:
+    """The plan with the launch's own notes (a ``.py`` run by Python; hosts the local backend
+    simulates); InputError (exit 2) for uneven shards with ``--strict-shards`` (or the spec's
+    ``defaults.strict_shards``)."""
+    strict = opts.strict_shards
+    if strict is None:
+        strict = plan.cluster.defaults.strict_shards
+    if strict and opts.inputs:
+        refuse_uneven([i.shard for i in plan.instances])
+    notes = [note] if note else []
+    simulated = simulated_note(plan.cluster, declared) if backend == "local" else None
+    notes += [simulated] if simulated else []
+    return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 def with_hosts_replaced(prep: Prepared, replaced: Mapping[str, str]) -> Prepared:

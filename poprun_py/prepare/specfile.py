@@ -94,6 +94,7 @@ _DEFAULTS = Obj(
         "restart_delay": Float(ge=0),
         "timeout": Str(min_len=1),
         "hang_timeout": Float(gt=0),
+        "strict_shards": Bool(),
     }
 )
 _SSH = Obj(
@@ -258,6 +259,7 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
             restart_delay=d.restart_delay,
             timeout=timeout,
             hang_timeout=d.hang_timeout,
+            strict_shards=d.strict_shards,
         ),
         spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,
