@@ -10,14 +10,14 @@
 #   as an ordinary user (its own clone in its home), first, as on a fresh machine:
 #                       scripts/example.sh (first run: creates .venv, installs),
 #                       scripts/example.sh again (must not run pip),
-#                       scripts/test.sh    (tests needing root or missing packages skip);
+#                       scripts/test.sh    (must pass: tests needing root or a missing package
+#                                           skip, naming it: tests/requirements.py);
 #   as root:            scripts/example.sh,
 #                       scripts/test.sh    (installs the Debian packages, the whole suite);
 #
-# and prints the wall time and exit code of each, then the total. Exit code: 0 when every
-# step succeeded, else 1; the ordinary user's test.sh is informational (not counted: without
-# root nor the Debian packages, tests that run pgrep, mpirun or numactl fail). CI is passed
-# to root's steps only (CI=true makes every root-only test fail for an ordinary user).
+# and prints the wall time and exit code of each (for test.sh also pytest's counts), then the
+# total. Exit code: 0 when every step succeeded, else 1. CI is passed to root's steps only
+# (CI=true makes every skip a failure, and an ordinary user's run skips what needs root).
 #
 # The chroot gets what the tests need of a real machine: its root is a mount point (a bind
 # mount of itself: `ip netns exec` runs `mount --make-rslave /`), proc, sys (with its cgroup
@@ -232,7 +232,7 @@ step() {  # step [--info] LABEL USER COMMAND...; output also in $work/logs/<n>.l
         /bin/bash -c 'cd "$HOME/poprun-py" && "$@"' bash "$@" 2>&1 |
         tee "$work/logs/$steps.log" &
     wait "$!" || rc=$?  # (pipefail: the command's code) in the background: a signal is seen at once
-    results+=("$(printf '%-34s %7s s  exit %d' "$label" "$(elapsed "$t0")" "$rc")")
+    results+=("$(printf '%-34s %7s s  exit %d' "$label" "$(elapsed "$t0")" "$rc")$(pytest_counts "$work/logs/$steps.log")")
     log "$label: exit $rc"
     if ! $counts; then
         results[-1]+="  (informational: not counted)"
@@ -242,13 +242,20 @@ step() {  # step [--info] LABEL USER COMMAND...; output also in $work/logs/<n>.l
     return 0
 }
 
+pytest_counts() {  # pytest's final counts in a step's log ("  (1100 passed, 12 skipped)"), if any
+    local line
+    line=$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)[a-z]*.* in [0-9.]+s' "$1" | tail -n 1 |
+        sed -E 's/^=+ //; s/ in [0-9.]+s.*//') || true
+    [ -z "$line" ] || printf '  (%s)' "$line"
+}
+
 read -r -a extra <<<"$example_args"
 # an ordinary user first, as on a fresh machine; then root (which also installs the packages)
 step "$USER_NAME: example.sh (first run)" "$USER_NAME" scripts/example.sh "${extra[@]}"
 step "$USER_NAME: example.sh (second run)" "$USER_NAME" scripts/example.sh "${extra[@]}"
 fast_path=$steps
-# informational: without root nor the Debian packages, tests that run pgrep/mpirun/numactl fail
-$quick || step --info "$USER_NAME: test.sh" "$USER_NAME" scripts/test.sh
+# without root nor the Debian packages: what needs them skips, naming it; the run must pass
+$quick || step "$USER_NAME: test.sh" "$USER_NAME" scripts/test.sh
 step "root: example.sh (first run)" root scripts/example.sh "${extra[@]}"
 $quick || step "root: test.sh" root scripts/test.sh
 # the fast path: the second run must not have created the venv nor run pip

@@ -15,19 +15,15 @@ Example::
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import re
-import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-
-import pytest
 
 from poprun_py.backends.local import LocalBackend
 from poprun_py.backends.result import LaunchResult, RunOptions
@@ -39,6 +35,7 @@ from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.process.proctree import alive
 from poprun_py.providers.netns import TestCluster, TestHost, host_pids
 from poprun_py.render import job as render
+from tests import requirements
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -105,19 +102,8 @@ def example_inputs(data_dir: Path) -> InputSet:
 
 
 def need_mpi() -> None:
-    """Skip (saying why, also on the terminal) when mpirun or mpi4py is missing."""
-    missing = [
-        what
-        for what, ok in (
-            ("mpirun (Debian: openmpi-bin)", shutil.which("mpirun") is not None),
-            ("mpi4py", importlib.util.find_spec("mpi4py") is not None),
-        )
-        if not ok
-    ]
-    if missing:
-        reason = f"MPI tests skipped: {', '.join(missing)} not installed"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
+    """Skip, naming what is missing and what brings it, when mpirun or mpi4py is missing."""
+    requirements.require("mpirun", "mpi4py")
 
 
 # More ranks than cores: ranks waiting in a collective yield the CPU instead of spinning.
@@ -178,7 +164,9 @@ def unique_sleep() -> str:
 
 
 def left_behind(marker: str) -> list[str]:
-    """Processes whose command line contains ``marker`` (there must be none after a run)."""
+    """Processes whose command line contains ``marker`` (there must be none after a run).
+    Without pgrep the test skips, naming procps (mark it ``requires("pgrep")`` to skip first)."""
+    requirements.require("pgrep")
     pgrep = ["pgrep", "-af", re.escape(marker)]
     out = subprocess.run(pgrep, capture_output=True, text=True, check=False)
     return out.stdout.splitlines()

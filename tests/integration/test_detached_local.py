@@ -32,6 +32,7 @@ def detach(*program: str, n: int = 3) -> str:
     return proc.stdout.splitlines()[-1]
 
 
+@pytest.mark.requires("pgrep")
 def test_a_local_detached_job_outlives_its_client_and_ends_by_itself(tmp_path: Path) -> None:
     go = tmp_path / "go"
     script = f'echo "up $RANK"; while [ ! -e {go} ]; do sleep 0.05; done; echo "bye $RANK"'
@@ -51,6 +52,7 @@ def test_a_local_detached_job_outlives_its_client_and_ends_by_itself(tmp_path: P
     assert left_behind(f"supervise {job}") == []
 
 
+@pytest.mark.requires("pgrep")
 def test_a_failing_local_instance_stops_the_others_and_wait_gives_its_code() -> None:
     marker = f"{60 + uuid.uuid4().int % 1000 / 997:.6f}"
     job = detach("sh", "-c", f'[ "$RANK" = 1 ] && exit 4; exec sleep {marker}')
@@ -62,6 +64,7 @@ def test_a_failing_local_instance_stops_the_others_and_wait_gives_its_code() -> 
     assert [(r["state"], r["exit_code"]) for r in rows if r["id"] == job] == [("failed", 4)]
 
 
+@pytest.mark.requires("pgrep")
 def test_stop_ends_a_local_job_with_nothing_left() -> None:
     marker = f"{90 + uuid.uuid4().int % 1000 / 997:.6f}"
     job = detach("sleep", marker)

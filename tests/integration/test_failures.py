@@ -24,6 +24,7 @@ from tests.integration.helpers import (
 PY = sys.executable
 
 
+@pytest.mark.requires("pgrep")
 def test_one_failure_stops_the_others_and_is_the_root_cause(tmp_path: Path) -> None:
     marker = unique_sleep()
     script = f'if [ "$RANK" = 2 ]; then sleep 0.3; exit 3; fi; exec sleep {marker}'
@@ -40,6 +41,7 @@ def test_one_failure_stops_the_others_and_is_the_root_cause(tmp_path: Path) -> N
     assert zombies() == []
 
 
+@pytest.mark.requires("pgrep")
 def test_instance_killed_by_a_signal_is_a_failure(tmp_path: Path) -> None:
     marker = unique_sleep()
     script = f'if [ "$RANK" = 1 ]; then kill -9 $$; fi; exec sleep {marker}'
@@ -49,6 +51,7 @@ def test_instance_killed_by_a_signal_is_a_failure(tmp_path: Path) -> None:
     assert left_behind(f"sleep {marker}") == []
 
 
+@pytest.mark.requires("pgrep")
 def test_instance_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
     marker = unique_sleep()
     ready = tmp_path / "ready"
@@ -70,6 +73,7 @@ def test_instance_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Pa
 
 
 @pytest.mark.parametrize("job_fails", [False, True], ids=["job-succeeds", "job-fails"])
+@pytest.mark.requires("pgrep")
 def test_grandchild_that_called_setsid_is_stopped(tmp_path: Path, job_fails: bool) -> None:
     marker = unique_sleep()
     escape = f"setsid sleep {marker} & sleep 0.2"
@@ -81,6 +85,7 @@ def test_grandchild_that_called_setsid_is_stopped(tmp_path: Path, job_fails: boo
     assert zombies() == []
 
 
+@pytest.mark.requires("pgrep")
 def test_double_forked_orphan_with_a_cleared_environment_is_stopped(tmp_path: Path) -> None:
     marker = unique_sleep()
     orphan = f"env -i /usr/bin/setsid /bin/sh -c 'sleep {marker} >/dev/null 2>&1 &'"
@@ -105,6 +110,7 @@ print(json.dumps({"interrupted": result.interrupted, "exit_code": result.exit_co
 @pytest.mark.parametrize(
     "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
 )
+@pytest.mark.requires("pgrep")
 def test_interrupting_the_launcher_stops_everything(tmp_path: Path, sig: int) -> None:
     marker = unique_sleep()
     script = f"echo ready; exec sleep {marker}"
@@ -125,6 +131,7 @@ def test_signal_handlers_are_restored_after_a_run(tmp_path: Path) -> None:
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
+@pytest.mark.requires("pgrep")
 def test_without_pidfds_exits_are_polled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from poprun_py.process import supervise
 
@@ -138,6 +145,7 @@ def test_without_pidfds_exits_are_polled(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("new_session", [True, False], ids=["session", "group"])
+@pytest.mark.requires("pgrep")
 def test_supervise_stops_groups_and_escapees_in_either_mode(new_session: bool) -> None:
     from poprun_py.backends.result import RunOptions
     from poprun_py.process.output import Output

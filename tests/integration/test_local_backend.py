@@ -175,6 +175,7 @@ def test_missing_numactl_a_template_asks_for_is_a_preflight_fault(
     assert not (tmp_path / "job").exists()  # nothing started, not even the job files
 
 
+@pytest.mark.requires("pgrep")
 def test_missing_program_fails_its_instance_with_127(tmp_path: Path) -> None:
     marker = f"{30 + uuid.uuid4().int % 1000 / 997:.6f}"
     script = f'if [ "$RANK" = 1 ]; then exec /nonexistent/prog; fi; exec sleep {marker}'

@@ -115,7 +115,14 @@ def test_restarts_running_out_give_the_instances_code(tmp_path: Path) -> None:
     assert proc.stderr.count("; restarted") == 2
 
 
-@pytest.mark.parametrize("backend", ["local", "mpirun", "mpiexec"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "local",
+        pytest.param("mpirun", marks=pytest.mark.requires("mpirun")),
+        pytest.param("mpiexec", marks=pytest.mark.requires("mpiexec.hydra")),
+    ],
+)
 def test_usr1_and_usr2_reach_every_local_instance(tmp_path: Path, backend: str) -> None:
     program = tmp_path / "wait_signals.py"
     program.write_text(WAIT_SIGNALS)
@@ -166,10 +173,11 @@ def strays(mark: str) -> list[str]:
     "backend",
     [
         "local",
-        pytest.param("mpirun", marks=pytest.mark.mpi),
-        pytest.param("mpiexec", marks=pytest.mark.mpi),
+        pytest.param("mpirun", marks=[pytest.mark.mpi, pytest.mark.requires("mpirun")]),
+        pytest.param("mpiexec", marks=[pytest.mark.mpi, pytest.mark.requires("mpiexec.hydra")]),
     ],
 )
+@pytest.mark.requires("py-spy")
 def test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr(
     tmp_path: Path, backend: str
 ) -> None:

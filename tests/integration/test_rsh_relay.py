@@ -157,6 +157,7 @@ def test_unknown_and_reused_hosts_are_refused_with_255(relay: RshRelay) -> None:
     assert code == 255 and "host h1 already runs a daemon of this launch" in err
 
 
+@pytest.mark.requires("pgrep")
 def test_a_shim_killed_by_mpirun_stops_what_the_agent_started(relay: RshRelay) -> None:
     mark = unique_sleep()
     proc = shim(relay, "h1", f"sleep {mark} & sleep {mark}; wait")
@@ -166,6 +167,7 @@ def test_a_shim_killed_by_mpirun_stops_what_the_agent_started(relay: RshRelay) -
     wait_for(lambda: pgrep(mark) == [], seconds=FAST.grace + 3)
 
 
+@pytest.mark.requires("pgrep")
 def test_leaving_the_relay_stops_daemons_still_running() -> None:
     mark = unique_sleep()
     agents = LocalAgents()

@@ -313,6 +313,7 @@ def test_the_agent_signals_a_daemons_ranks_and_not_the_daemon() -> None:
 
 
 @pytest.mark.parametrize("how", ["stdin closed", "heartbeats stop"])
+@pytest.mark.requires("pgrep")
 def test_agent_stops_everything_when_poprun_is_gone(how: str) -> None:
     mark = marker()
     script = f"sleep 60 & sleep 60; : {mark}"
@@ -334,6 +335,7 @@ def test_agent_stops_everything_when_poprun_is_gone(how: str) -> None:
     assert proc.returncode == 0
 
 
+@pytest.mark.requires("pgrep")
 def test_agent_term_then_kill_after_the_grace_period() -> None:
     mark = marker()
     stubborn = f"trap '' TERM; echo ready; while :; do sleep 0.05; done; : {mark}"
@@ -354,6 +356,7 @@ def test_agent_term_then_kill_after_the_grace_period() -> None:
     assert anywhere(mark) == []
 
 
+@pytest.mark.requires("pgrep")
 def test_agent_stops_what_a_finished_instance_left_behind() -> None:
     mark = marker()
     script = f"sleep 60 & setsid sleep 61 & echo started; : {mark}"

@@ -26,6 +26,7 @@ import pytest
 
 from poprun_py.providers.netns import TestCluster, TestHost
 from poprun_py.ssh.config import RESOLVER_ENV
+from tests import requirements
 from tests.hostfixtures import _Clusters
 from tests.integration.helpers import sessions_started, strays
 
@@ -542,8 +543,7 @@ def _strays(lab: Lab, seconds: float = 10.0) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("backend", ["mpirun", "mpiexec"])
 def test_mpi_behind_a_jump_host_is_refused_in_preflight(lab: Lab, backend: str) -> None:
-    if shutil.which({"mpirun": "mpirun", "mpiexec": "mpiexec.hydra"}[backend]) is None:
-        pytest.skip(f"{backend} is not installed")
+    requirements.require({"mpirun": "mpirun", "mpiexec": "mpiexec.hydra"}[backend])
     spec = _spec(lab)
     before = sessions_started(lab.cluster)
     out = _poprun("launch", "-c", str(spec), "--backend", backend, PY, "-c", "pass")

@@ -197,6 +197,7 @@ def test_exclude_takes_hosts_out_of_a_hostfile_and_a_slurm_allocation(tmp_path: 
     assert [h.name for h in prepare(opts, environ=slurm).plan.hosts] == ["node01", "node04"]
 
 
+@pytest.mark.requires("ip")
 def test_local_network_is_found_at_planning() -> None:
     opts = LaunchOptions(hosts="localhost", instances=2, network="127.0.0.0/8", program=("t",))
     plan = prepare(opts, environ={}).plan

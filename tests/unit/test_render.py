@@ -680,6 +680,7 @@ def check_ranks(job: RenderedJob, reports: list[dict[str, Any]], hosts: list[str
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("limit", [ARGV_LIMIT, 1], ids=["inline", "appfile"])
+@pytest.mark.requires("mpirun", "pgrep")
 def test_real_mpirun_gives_every_rank_its_environment_binding_and_argv(
     tmp_path: Path, limit: int
 ) -> None:
@@ -705,6 +706,7 @@ def test_real_mpirun_gives_every_rank_its_environment_binding_and_argv(
 @pytest.mark.mpi
 @pytest.mark.hosts
 @pytest.mark.parametrize("limit", [ARGV_LIMIT, 1], ids=["inline", "appfile"])
+@pytest.mark.requires("mpirun", "pgrep")
 def test_real_mpirun_across_hosts_keeps_rank_to_host_order(
     test_cluster_4: TestCluster, tmp_path: Path, limit: int
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from poprun_py.backends import slurm_stacks
 from poprun_py.backends.slurm_stacks import found, script, stacks_argv, step_id
 from poprun_py.process.stackdump import dump_step, find_pyspy, report_step
+from tests import requirements
 
 TASK = """
 import time
@@ -44,7 +45,7 @@ def test_a_steps_tasks_are_found_by_their_environment_under_slurms_rank(
 
 def test_the_dump_step_reports_each_ranks_stacks_as_records(task: subprocess.Popen[bytes]) -> None:
     if find_pyspy() is None:
-        pytest.skip("py-spy not on PATH")
+        pytest.skip(requirements.reason(["py-spy"]))
     out = io.BytesIO()
     report_step(["t-job", "4", "2"], out)
     dumps = found(out.getvalue().split(b"\n"))

@@ -5,7 +5,6 @@ fallback reader's Include handling, tokens, ProxyJump hops, and host certificate
 from __future__ import annotations
 
 import base64
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from poprun_py.ssh.known_hosts import (
 )
 from poprun_py.ssh.settings import Endpoint, Hop, SshSettings
 
-needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client")
-needs_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
+needs_ssh = pytest.mark.requires("ssh")
+needs_keygen = pytest.mark.requires("ssh-keygen")
 
 
 # ---------------------------------------------------------------- hops and tokens
