@@ -40,9 +40,11 @@ def launch(args: list[str], tmp_path: Path, name: str, value: str) -> list[str]:
     ("backend", "inherits"),
     [
         ("ssh", False),
-        pytest.param("mpirun", False, marks=pytest.mark.mpi),
+        pytest.param("mpirun", False, marks=[pytest.mark.mpi, pytest.mark.requires("mpirun")]),
         # MPICH's hydra passes mpiexec's whole environment on by default (-genvall)
-        pytest.param("mpiexec", True, marks=pytest.mark.mpi),
+        pytest.param(
+            "mpiexec", True, marks=[pytest.mark.mpi, pytest.mark.requires("mpiexec.hydra")]
+        ),
     ],
 )
 def test_remote_instances_get_the_variables_passed_on(
