@@ -329,7 +329,7 @@ def _launch(
         sync=sync,
         on_running=on_running,
     )
-    with _warnings_to_stderr():
+    with _warnings_to_stderr(), lr.announcing(sys.stderr):  # each restart, as it happens
         result = launcher.launch(prep, settings)
     attempts = lr.attempt_lines(result)
     if result.interrupted:

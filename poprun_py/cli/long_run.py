@@ -1,25 +1,35 @@
 """The long-run options of ``launch`` (restarts, spares, clocks) and how a restarted job's
-attempts are told on stderr.
+attempts are told on stderr: each restart as it happens (:func:`announcing`: ``attempt 0
+failed: ROOT CAUSE; restarting (1/2) in 5 s``, then ``attempt 1 running (restart 1/2)``), and
+every attempt again in the summary at the end (:func:`attempt_lines`).
 
 Example:
 
     >>> from poprun_py.backends.result import InstanceResult, JobCause, LaunchResult
-    >>> first = LaunchResult((InstanceResult(1, "h2", exit_code=3),))
+    >>> first = LaunchResult((InstanceResult(1, "h2", exit_code=7),))
     >>> last = LaunchResult((InstanceResult(1, "h2", exit_code=0),), attempts=(first,))
     >>> attempt_lines(last)
-    ['attempt 0: instance 1 on h2 exited with code 3; restarted', 'attempt 1: ok']
+    ['attempt 0: instance 1 on h2 exited with code 7; restarted', 'attempt 1: ok']
     >>> hung = LaunchResult((), cause=JobCause("instance 0 on h1 hung (no progress for 5 s)", 124))
     >>> describe(hung)
     'instance 0 on h1 hung (no progress for 5 s); every instance was stopped'
+    >>> import io
+    >>> from poprun_py.launch.restarts import ANNOUNCE
+    >>> err = io.StringIO()
+    >>> with announcing(err):
+    ...     ANNOUNCE.info("attempt %d running (restart %d/%d)", 1, 1, 2)
+    >>> err.getvalue()
+    'poprun-py: attempt 1 running (restart 1/2)\\n'
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Optional, TextIO
 
 import typer
-
-from poprun_py.errors import OWN_CODES
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import LaunchResult
@@ -70,33 +80,44 @@ SpareHosts = Annotated[
 
 def describe(result: LaunchResult) -> str:
     """One line: why the (last) attempt failed."""
+    from poprun_py.launch.restarts import why_failed
+
     if result.cause is not None:
-        return f"{result.cause.reason}; every instance was stopped"
-    root = result.root_cause
-    if root is None:
-        return "the launch failed"
-    if root.state == "lost":
-        what = f"lost contact with host {root.host}"
-    elif root.signal is not None:
-        what = f"was killed by signal {root.signal}"
-    else:
-        what = f"exited with code {root.exit_code}"
-    detail = f" ({root.detail})" if root.detail else ""
-    own = ""
-    if root.state != "lost" and root.code in OWN_CODES:
-        own = f" (exit code {root.code} is the instance's own, not poprun-py's)"
-    return (
-        f"instance {root.index} on {root.host} {what}{detail}{own}; "
-        "every other instance was stopped"
-    )
+        return f"{why_failed(result)}; every instance was stopped"
+    if result.root_cause is None:
+        return why_failed(result)
+    return f"{why_failed(result)}; every other instance was stopped"
 
 
 def _cause(result: LaunchResult) -> str:
+    from poprun_py.launch.restarts import why_failed
+
     if result.interrupted:
         return "interrupted"
     if result.ok:
         return "ok"
-    return describe(result).split("; every")[0]
+    return why_failed(result)
+
+
+@contextlib.contextmanager
+def announcing(stream: TextIO) -> Iterator[None]:
+    """Print each restart on ``stream`` as the launcher tells it (the
+    :data:`~poprun_py.launch.restarts.ANNOUNCE` logger's INFO records), one plain line each;
+    the logging set-up is undone afterwards."""
+    from poprun_py.launch.restarts import ANNOUNCE
+
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.INFO)
+    handler.addFilter(lambda record: record.levelno == logging.INFO)  # warnings: elsewhere
+    handler.setFormatter(logging.Formatter("poprun-py: %(message)s"))
+    level = ANNOUNCE.level
+    ANNOUNCE.setLevel(logging.INFO)
+    ANNOUNCE.addHandler(handler)
+    try:
+        yield
+    finally:
+        ANNOUNCE.removeHandler(handler)
+        ANNOUNCE.setLevel(level)
 
 
 def attempt_lines(result: LaunchResult) -> list[str]:

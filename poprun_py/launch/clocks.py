@@ -14,7 +14,10 @@ log and on the terminal. The clock waits for the runner's answer (at most
 :data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
 :data:`~poprun_py.process.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
 SIGUSR1 was sent, then stops the job with a job-level cause
-(:class:`~poprun_py.backends.result.JobCause`, exit 124). The thread never touches the backend
+(:class:`~poprun_py.backends.result.JobCause`, exit 124) -- unless something else stopped it
+first (an instance failed meanwhile: its failure stays the root cause). An instance that ended,
+in any way, is never hung: the attempt tells the progress of every end
+(:meth:`~poprun_py.process.progress.Progress.ended`). The thread never touches the backend
 itself: only the Control, which is thread-safe.
 
 Example:
@@ -106,16 +109,21 @@ class Clocks:
             stalest = self.progress.stalest(now) if self.hang_timeout is not None else None
             if stalest is not None and self.hang_timeout is not None:
                 index, silent = stalest
-                if silent >= self.hang_timeout:
-                    self._hung(index)
+                if silent >= self.hang_timeout and self._hung(index):
                     return
 
-    def _hung(self, index: int) -> None:
+    def _hung(self, index: int) -> bool:
+        """Dump every stack, then stop the job for instance ``index``'s hang, unless it ended
+        meanwhile (then the clock goes on watching the others); True when it stopped it."""
         host = self.hosts.get(index, "?")
         assert self.hang_timeout is not None
         reason = f"instance {index} on {host} hung (no progress for {self.hang_timeout:g} s)"
         self._dump_stacks(reason)
+        if index not in self.progress.running:
+            log.warning("instance %d on %s ended meanwhile: it was not hung", index, host)
+            return False
         self._fire(JobCause(reason, EXIT_TIMEOUT, index))
+        return True
 
     def _dump_stacks(self, reason: str) -> None:
         """Ask the runner for every instance's stacks (py-spy where installed, else SIGUSR1
@@ -136,7 +144,9 @@ class Clocks:
             self._done.wait(min(DUMP_WAIT, max(MIN_DUMP_WAIT, deadline - time.monotonic())))
 
     def _fire(self, cause: JobCause) -> None:
-        if self.control.stopping:
-            return
-        self.cause = cause
-        self.control.stop(cause.reason)
+        """Stop the job for ``cause``, which is the cause only when this stop came first: an
+        instance's failure (or the user's interrupt) that stopped the job meanwhile, even
+        between a check and the stop, stays the job's root cause. One atomic step
+        (:meth:`Control.stop`), never check-then-stop."""
+        if self.control.stop(cause.reason):
+            self.cause = cause

@@ -16,6 +16,15 @@ unchanged) or, without a spare, the same host if it answers preflight again. Whe
 the restart fails with one line (``restart_failed``) and the exit code stays the last
 attempt's. The result is the last attempt's, with the earlier ones in ``attempts``.
 
+Between attempts no job runs: the Control is disarmed (:meth:`Control.next_attempt`), so a stop
+signal during the restart delay, the reconnect, preflight or staging interrupts the launch at
+once (the result is the last attempt's, ``interrupted``: exit 130); SIGUSR1 and SIGUSR2 are
+ignored then, and do not cut the delay short.
+
+Each restart is told as it happens, on the :data:`ANNOUNCE` logger (INFO; the CLI prints its
+records as plain lines on stderr): ``attempt 0 failed: ROOT CAUSE; restarting (1/2) in 5 s``
+when an attempt failed, ``attempt 1 running (restart 1/2)`` once the next one runs.
+
 Example:
 
     >>> from poprun_py.prepare.job import LaunchOptions, prepare
@@ -28,6 +37,8 @@ Example:
     (True, [3], 2)
     >>> [job.instances[0].env["POPRUN_RESTART_COUNT"] for job in fake.started_jobs]
     ['0', '1']
+    >>> why_failed(result.attempts[0])
+    "instance 1 on h2 exited with code 3 (exit code 3 is the instance's own, not poprun-py's)"
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import contextlib
 import json
 import logging
 import select
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -43,14 +55,16 @@ from pathlib import Path
 
 from poprun_py.backends.base import Backend, Checked, Session
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
-from poprun_py.errors import PoprunError, PreflightError
-from poprun_py.launch.clocks import Clocks
+from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
+from poprun_py.launch.clocks import Clocks, describe
 from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control
 from poprun_py.render.job import RenderedJob
 
 log = logging.getLogger("poprun_py.launch")
+ANNOUNCE = logging.getLogger("poprun_py.launch.attempts")
+"""Where each restart is told as it happens (INFO records, one line each)."""
 
 Render = Callable[[Prepared, str, Checked, int], RenderedJob]
 """Renders attempt k's job: (prep, job dir, preflight's answer, restart count)."""
@@ -86,19 +100,27 @@ class Attempts:
         job_dir = self.job_dir(prep)
         done: list[LaunchResult] = []
         replaced: dict[str, str] = {}
-        for k in range(prep.long_run.max_restarts + 1):
+        limit = prep.long_run.max_restarts
+        for k in range(limit + 1):
             if k:
-                self.control.next_attempt()
-                if not self._pause(prep.long_run.restart_delay):
+                self.control.next_attempt()  # disarmed: a signal raises KeyboardInterrupt
+                _announce_restart(done[-1], k, limit, prep.long_run.restart_delay)
+                try:
+                    if not self._pause(prep.long_run.restart_delay):
+                        return _history(replace(done[-1], interrupted=True), done)
+                    lost = done[-1].lost_hosts
+                    if lost:
+                        try:
+                            session, checked, replaced = self._reopen(session, prep, lost)
+                        except (RestartFailed, PreflightError) as exc:
+                            return _history(replace(done[-1], restart_failed=str(exc)), done)
+                        prep = checked.prep
+                    result = self._attempt(session, checked, job_dir, k, replaced)
+                except KeyboardInterrupt:  # before attempt k ran; the sessions close anyway
+                    self.control.interrupt()
                     return _history(replace(done[-1], interrupted=True), done)
-                lost = done[-1].lost_hosts
-                if lost:
-                    try:
-                        session, checked, replaced = self._reopen(session, prep, lost)
-                    except (RestartFailed, PreflightError) as exc:
-                        return _history(replace(done[-1], restart_failed=str(exc)), done)
-                    prep = checked.prep
-            result = self._attempt(session, checked, job_dir, k, replaced)
+            else:
+                result = self._attempt(session, checked, job_dir, k, replaced)
             done.append(result)
             if result.ok or result.interrupted or self.control.interrupted:
                 break
@@ -162,8 +184,10 @@ class Attempts:
             timeout=long_run.timeout,
             hang_timeout=long_run.hang_timeout,
         )
-        with clocks:
+        with self.control.listening(lambda ended: progress.ended(ended.index)), clocks:
             running = session.start(job, run_opts, self.control)
+            if k:
+                ANNOUNCE.info("attempt %d running (restart %d/%d)", k, k, long_run.max_restarts)
             if self.settings.on_running is not None:
                 self.settings.on_running(k)
             result = running.wait()
@@ -171,9 +195,16 @@ class Attempts:
         return replace(result, cause=clocks.cause or result.cause, replaced=pairs)
 
     def _pause(self, delay: float) -> bool:
-        """Wait ``delay`` seconds before a restart; False when interrupted meanwhile."""
-        if delay > 0 and not self.control.interrupted:
-            select.select([self.control.wake_fd], [], [], delay)
+        """Wait ``delay`` seconds before a restart, whatever wakes the Control's pipe meanwhile
+        (a signal writes to it: SIGUSR1 must not cut the delay short); False when interrupted
+        meanwhile (a stop signal raises KeyboardInterrupt, disarmed, unless already taken)."""
+        deadline = time.monotonic() + delay
+        while not self.control.interrupted:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            select.select([self.control.wake_fd], [], [], left)
+            self.control.drain()
         return not self.control.interrupted
 
     def _reopen(
@@ -213,6 +244,34 @@ class Attempts:
         path = Path(self.settings.output_dir) / f"plan-restart-{k}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def why_failed(result: LaunchResult) -> str:
+    """One line: why an attempt failed (its job-level cause, else its root cause)."""
+    if result.cause is not None:
+        return result.cause.reason
+    root = result.root_cause
+    if root is None:
+        return "the launch failed"
+    if root.state == "lost":
+        what = f"lost contact with host {root.host}"
+    elif root.signal is not None:
+        what = f"was killed by signal {root.signal}"
+    else:
+        what = f"exited with code {root.exit_code}"
+    detail = f" ({root.detail})" if root.detail else ""
+    own = ""
+    if root.state != "lost" and root.code in OWN_CODES:
+        own = f" (exit code {root.code} is the instance's own, not poprun-py's)"
+    return f"instance {root.index} on {root.host} {what}{detail}{own}"
+
+
+def _announce_restart(failed: LaunchResult, k: int, limit: int, delay: float) -> None:
+    """Attempt ``k - 1`` failed and attempt ``k`` is next: say so now, not at the job's end."""
+    when = f"in {describe(delay)}" if delay > 0 else "now"
+    ANNOUNCE.info(
+        "attempt %d failed: %s; restarting (%d/%d) %s", k - 1, why_failed(failed), k, limit, when
+    )
 
 
 def _history(last: LaunchResult, done: list[LaunchResult]) -> LaunchResult:

@@ -1,5 +1,5 @@
-"""Progress of every instance, for hang detection: the time of its last output line, and
-whether it registered :mod:`faulthandler` for SIGUSR1 (so a stack dump can be asked for).
+"""Progress of every running instance, for hang detection: the time of its last output line,
+and whether it registered :mod:`faulthandler` for SIGUSR1 (so a stack dump can be asked for).
 
 The channel works through every backend because it is the instance's own output, which every
 backend already carries line by line to :class:`~poprun_py.process.output.Output`: any line
@@ -7,6 +7,13 @@ counts as progress, and :func:`poprun_py.dist.heartbeat` writes :data:`HEARTBEAT
 stderr that poprun-py swallows (never logged nor shown) -- for programs that print rarely.
 ``poprun_py.dist`` writes :data:`FAULTHANDLER` once on import (only when started by poprun-py)
 after registering ``faulthandler`` for SIGUSR1; that line is swallowed too.
+
+An ended instance is never hung: :meth:`Progress.ended` stops watching it. The launcher calls it
+from :meth:`~poprun_py.process.signals.Control.ended`, where every runner reports an instance's
+end (the local and ssh backends, and the launchers' own exit); under mpirun, mpiexec and srun,
+whose ranks may end long before the launcher does, each rank's wrapper writes :data:`ENDED` on
+its stderr once the program exited (whatever its code), which :meth:`Progress.seen` takes the
+same way (and poprun-py swallows).
 
 Example:
 
@@ -17,6 +24,10 @@ Example:
     ((0, 10.0), False, frozenset({1}))
     >>> p.seen(0, "step 3", now=111.0), p.stalest(now=112.0)
     (False, (1, 7.0))
+    >>> p.ended(1); p.stalest(now=130.0), p.dumpable
+    ((0, 19.0), False)
+    >>> p.seen(0, ENDED), p.stalest(now=500.0), p.running
+    (True, None, frozenset())
 """
 
 from __future__ import annotations
@@ -29,12 +40,15 @@ HEARTBEAT = b"\x1b[poprun-py:heartbeat]"
 """The line :func:`poprun_py.dist.heartbeat` writes on stderr (swallowed by poprun-py)."""
 FAULTHANDLER = b"\x1b[poprun-py:faulthandler]"
 """The line ``poprun_py.dist`` writes on stderr once faulthandler dumps stacks on SIGUSR1."""
-MARKERS = (HEARTBEAT, FAULTHANDLER)
+ENDED = b"\x1b[poprun-py:ended]"
+"""The line each rank's wrapper (mpirun, mpiexec, srun) writes on stderr once its program
+ended, whatever its code: the rank is no longer watched (swallowed by poprun-py)."""
+MARKERS = (HEARTBEAT, FAULTHANDLER, ENDED)
 
 
 class Progress:
-    """Thread-safe: backends' output loops call :meth:`seen`, the launcher's clock thread
-    reads :meth:`stalest`."""
+    """Thread-safe: backends' output loops call :meth:`seen` (and :meth:`ended`), the
+    launcher's clock thread reads :meth:`stalest`."""
 
     def __init__(self, indexes: Iterable[int], now: float | None = None):
         start = time.monotonic() if now is None else now
@@ -46,16 +60,29 @@ class Progress:
         """Instance ``index`` wrote ``line``; True when it is one of poprun-py's markers (the
         caller then swallows it)."""
         raw = line.encode("utf-8", "replace") if isinstance(line, str) else line
-        marker = raw.rstrip(b"\r") in MARKERS
+        text = raw.rstrip(b"\r")
+        marker = text in MARKERS
         with self._lock:
-            if index in self._last:
+            if text == ENDED:
+                self._drop(index)
+            elif index in self._last:
                 self._last[index] = time.monotonic() if now is None else now
-            if marker and raw.rstrip(b"\r") == FAULTHANDLER:
-                self._faulthandler.add(index)
+                if text == FAULTHANDLER:
+                    self._faulthandler.add(index)
         return marker
 
+    def ended(self, index: int) -> None:
+        """Instance ``index`` ended (any way): it is no longer watched, so never hung."""
+        with self._lock:
+            self._drop(index)
+
+    def _drop(self, index: int) -> None:
+        self._last.pop(index, None)
+        self._faulthandler.discard(index)
+
     def stalest(self, now: float | None = None) -> tuple[int, float] | None:
-        """The instance silent the longest, and for how many seconds (None: no instance)."""
+        """The running instance silent the longest, and for how many seconds (None: none
+        runs)."""
         at = time.monotonic() if now is None else now
         with self._lock:
             if not self._last:
@@ -64,18 +91,24 @@ class Progress:
             return index, at - self._last[index]
 
     def last(self, index: int) -> float:
-        """When instance ``index`` was last heard (monotonic)."""
+        """When running instance ``index`` was last heard (monotonic)."""
         with self._lock:
             return self._last[index]
 
     @property
+    def running(self) -> frozenset[int]:
+        """The instances still watched (not known to have ended)."""
+        with self._lock:
+            return frozenset(self._last)
+
+    @property
     def faulthandler(self) -> frozenset[int]:
-        """The instances that registered faulthandler for SIGUSR1."""
+        """The running instances that registered faulthandler for SIGUSR1."""
         with self._lock:
             return frozenset(self._faulthandler)
 
     @property
     def dumpable(self) -> bool:
-        """True when every instance registered faulthandler for SIGUSR1."""
+        """True when every running instance registered faulthandler for SIGUSR1."""
         with self._lock:
             return bool(self._last) and self._faulthandler >= set(self._last)

@@ -21,14 +21,20 @@ handler, each waking the runner's poll loop through a pipe (:attr:`Control.wake_
 
 Runners report every instance's end to :meth:`Control.ended`; the launcher's policy (by default
 :func:`fail_fast`) turns a failure into :meth:`Control.stop`. So the rule "the first failure
-stops everything" lives once, here, not in each backend.
+stops everything" lives once, here, not in each backend; so does telling whoever listens
+(:meth:`Control.listening`: the hang clock's progress) that an instance ended.
+:meth:`Control.stop` is atomic and says whether it was the first stop: a clock that fires as
+an instance fails does not claim the failure as its own.
 
 :func:`handling_signals` installs the handlers (main thread only; the old ones come back after).
 While a job is running (``control.armed``) a signal becomes :meth:`Control.interrupt`; before
 that (connecting, preflight, staging) it raises KeyboardInterrupt, which the CLI turns into
 exit 130 with nothing left started. SIGUSR1 and SIGUSR2 (:data:`FORWARD_SIGNALS`) become
 :meth:`Control.forward` while armed and are ignored before (they no longer kill poprun-py).
-A restarted job keeps its Control: :meth:`Control.next_attempt` clears the rule's stop.
+A restarted job keeps its Control: :meth:`Control.next_attempt` clears the rule's stop and
+disarms it (:meth:`Control.disarm`), so that until the next attempt runs (the restart delay,
+reconnecting, preflight, staging) a stop signal raises KeyboardInterrupt again and SIGUSR1 and
+SIGUSR2 are ignored.
 :func:`deferring` holds the stop signals during a clean-up that must finish (a teardown).
 
 Example:
@@ -41,6 +47,10 @@ Example:
     [DumpRequest(faulthandler=frozenset({0}), every=True)]
     >>> control.dumped(signalled=True); control.wait_dumped(0), control.dump_signalled
     (True, True)
+    >>> control.stop("instance 1 on h2 failed"), control.stop("timed out after 5 s")
+    (True, False)
+    >>> control.next_attempt(); control.armed, control.stopping
+    (False, False)
     >>> control.interrupt(); control.interrupts, control.stopping, control.interrupted
     (1, True, True)
     >>> control.close()
@@ -102,6 +112,7 @@ class Control:
         self._dumps: list[DumpRequest] = []
         self._dumped = threading.Event()
         self.dump_signalled = False  # the last dump sent SIGUSR1 to some instance
+        self._listeners: list[Callable[[InstanceResult], None]] = []
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -138,17 +149,26 @@ class Control:
         """The job is running: from now on a stop signal interrupts it instead of raising."""
         self.armed = True
 
+    def disarm(self) -> None:
+        """No job runs (between attempts): a stop signal raises KeyboardInterrupt again."""
+        self.armed = False
+
     def interrupt(self) -> None:
         """The user asked to stop (Ctrl-C, SIGTERM, SIGHUP). Safe in a signal handler."""
         self.interrupts += 1
         self.wake()
 
-    def stop(self, reason: str) -> None:
-        """The launcher's rules ask every instance to stop (the first reason is kept)."""
+    def stop(self, reason: str) -> bool:
+        """The launcher's rules ask every instance to stop. The first reason is kept: True
+        when this was the first stop (neither a rule nor the user had stopped the job), in one
+        step, so that two stops racing each other (a clock, an instance's failure) cannot
+        both believe they were first."""
         with self._lock:
+            first = self.stop_reason is None and not self.interrupts
             if self.stop_reason is None:
                 self.stop_reason = reason
         self.wake()
+        return first
 
     def forward(self, signum: int) -> None:
         """Ask the runner to send ``signum`` to every instance. Safe in a signal handler
@@ -182,8 +202,9 @@ class Control:
         return self._dumped.wait(timeout)
 
     def next_attempt(self) -> None:
-        """A restart begins: forget the last attempt's rule stop and pending forwards (an
-        interrupt is never forgotten: an interrupted job is not restarted)."""
+        """A restart begins: disarm, forget the last attempt's rule stop and pending forwards
+        (an interrupt is never forgotten: an interrupted job is not restarted)."""
+        self.disarm()
         with self._lock:
             self.stop_reason = None
         self._forwards.clear()
@@ -191,9 +212,21 @@ class Control:
         self.drain()
 
     def ended(self, result: InstanceResult) -> None:
-        """A runner reports one instance's end; the policy decides what follows."""
+        """A runner reports one instance's end: every listener hears of it, then the policy
+        decides what follows."""
+        for listener in tuple(self._listeners):
+            listener(result)
         if self.policy is not None:
             self.policy(self, result)
+
+    @contextlib.contextmanager
+    def listening(self, listener: Callable[[InstanceResult], None]) -> Iterator[None]:
+        """``listener`` hears of every instance's end while this is active (one attempt)."""
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            self._listeners.remove(listener)
 
     def wake(self) -> None:
         """Make :attr:`wake_fd` readable."""

@@ -109,10 +109,10 @@ class ConnectionPool:
         futures = [self._executor.submit(fn, item) for item in items]
         outcomes: list[T | BaseException] = []
         for future in futures:
-            try:
-                outcomes.append(future.result())
-            except BaseException as exc:  # keep every host's outcome
-                outcomes.append(exc)
+            # Every host's outcome is kept, but only what its worker raised: a Ctrl-C that
+            # arrives while this thread waits (KeyboardInterrupt, here) goes on up.
+            error = future.exception()
+            outcomes.append(future.result() if error is None else error)
         return outcomes
 
     def _open(self, host: HostSpec) -> Connection:

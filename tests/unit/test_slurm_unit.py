@@ -97,7 +97,7 @@ def test_srun_binding_is_none_when_numa_binding_is_off() -> None:
     job = rendered(plan_of(numa_aware=False))
     assert "--cpu-bind=none" in job.launcher
     assert not any(a.startswith("--mem-bind") for a in job.launcher)
-    assert exec_line(job, 0) == "exec python train.py --name 'run 1'"
+    assert exec_line(job, 0) == "python train.py --name 'run 1'"
 
 
 def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
@@ -109,15 +109,15 @@ def test_tasks_bind_themselves_when_hosts_bind_differently() -> None:
     job = rendered(plan)
     assert "--cpu-bind=none" in job.launcher
     last = [exec_line(job, i) for i in range(4)]
-    assert last[0] == "exec numactl --physcpubind=0-1 --membind=0 prog"
-    assert last[2] == "exec numactl --physcpubind=0-1 --membind=0 prog"
-    assert last[3] == "exec numactl --physcpubind=2-3 --membind=0 prog"
+    assert last[0] == "numactl --physcpubind=0-1 --membind=0 prog"
+    assert last[2] == "numactl --physcpubind=0-1 --membind=0 prog"
+    assert last[3] == "numactl --physcpubind=2-3 --membind=0 prog"
 
 
 def test_srun_binding_runs_the_tasks_without_numactl() -> None:
     job = rendered(plan_of())
     assert job.instances[0].argv[0] == "python" and job.instances[0].binding is not None
-    assert exec_line(job, 1) == "exec python train.py --name 'run 1'"
+    assert exec_line(job, 1) == "python train.py --name 'run 1'"
 
 
 def test_secrets_travel_in_srun_environment_not_in_files() -> None:
