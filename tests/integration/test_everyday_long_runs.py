@@ -107,7 +107,14 @@ def assert_not_hung(code: int, out: str, err: str, ranks: range) -> None:
 # ---------------------------------------------------------------- 1. an ended instance
 
 
-@pytest.mark.parametrize("backend", ["local", "mpirun", "mpiexec"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "local",
+        pytest.param("mpirun", marks=pytest.mark.requires("mpirun")),
+        pytest.param("mpiexec", marks=pytest.mark.requires("mpiexec.hydra")),
+    ],
+)
 def test_an_instance_that_exits_0_early_is_never_hung_here(tmp_path: Path, backend: str) -> None:
     argv = ["launch", "--hosts", "localhost", "-b", backend, "-n", "3", "-r", "3", "--hang-timeout"]
     code, out, err = poprun(*argv, "2", "--", "sh", "-c", EARLY_EXIT, cwd=tmp_path)
