@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from poprun_py.launch.preflight import PreflightReport
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
-    from poprun_py.render.job import RenderedJob
+    from poprun_py.render.job import RenderArgs, RenderedJob
 
 SRUN_MISSING = "srun not found on PATH; install Slurm's clients (Debian: slurm-client)"
 CLEANUP_TIMEOUT = 15.0
@@ -190,6 +190,13 @@ class SlurmBackend(Defaults):
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = dict(environ or {})
+
+    def render_args(self, prep: Prepared) -> RenderArgs:
+        """``--mpi-args`` (or the spec's ``defaults.mpi_args``): srun's own extra options,
+        which ``templates/srun.j2`` puts before the task script."""
+        from poprun_py.render.job import RenderArgs
+
+        return RenderArgs(mpi_args=prep.mpi_args)
 
     def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
         """Outside an allocation: an sbatch script that runs this same launch inside the

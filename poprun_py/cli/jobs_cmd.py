@@ -227,7 +227,9 @@ def _run_job(recorder: Recorder) -> None:
         opts = launch_options(recorder)
         prep = prepare(opts)
         logs = extra.get("output_dir") or str(recorder.job_dir / "logs")
-        _launch(prep, logs, None, False, on_running=recorder.running)
+        cli = extra.get("cli") or {}  # the options launch_cmd passes on besides LaunchOptions
+        only = cli.get("only_output_from_instance")
+        _launch(prep, logs, only, False, on_running=recorder.running)
         recorder.ended(0, "", interrupted=False)
     except (PoprunError, KeyboardInterrupt) as exc:
         code = report_error(exc)

@@ -148,7 +148,8 @@ MpiArgs = Annotated[
     typer.Option(
         "--mpi-args",
         rich_help_panel=H_RUN,
-        help="Extra mpirun options, as one string (split like a shell would).",
+        help="Extra launcher options (mpirun, mpiexec, srun), as one string (split like a "
+        "shell would).",
     ),
 ]
 Templates = Annotated[

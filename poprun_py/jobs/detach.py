@@ -8,8 +8,11 @@ namespaces of this machine, which the supervisor must be outside of to remove th
 ``--down``).
 
 What the supervisor gets (:func:`supervisor_record`): the job record with the launch's
-options, resolved so that it plans the same job there (backend, working directory, the
-cluster spec's absolute path and its text, used where that path does not exist); the values of
+options -- every LaunchOptions field, resolved so that it plans the same job there (backend,
+working directory, the cluster spec's absolute path and its text, used where that path does
+not exist), and under ``cli`` every other option the client does not apply itself
+(:func:`poprun_py.cli.option_model.detached_cli`: ``--only-output-from-instance``,
+``--keep-job-dir``, ...); the values of
 ``--env NAME`` secrets only in its environment, over the channel (never on disk, never in an
 argv). ``--sync`` is done here first, from the client's files.
 
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +44,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class DetachOptions:
     """What ``launch`` adds to a detached job: its logs' directory, ``--sync``, with ``--down``
-    the spec of the cluster to remove when the job ends, and ``here`` when the cluster's hosts
-    are this machine's (a local-provider cluster): the supervisor then runs here."""
+    the spec of the cluster to remove when the job ends, ``here`` when the cluster's hosts
+    are this machine's (a local-provider cluster): the supervisor then runs here; ``cli``: the
+    other options the supervisor applies, by parameter name."""
 
     output_dir: str | None = None
     sync: bool = False
     down: str | None = None
     here: bool = False
+    cli: Mapping[str, Any] = field(default_factory=dict)
 
 
 def check_detachable(prep: Prepared) -> None:
@@ -88,6 +94,7 @@ def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> Job
         "output_dir": options.output_dir and os.path.abspath(options.output_dir),
         "down": options.down and os.path.abspath(options.down),
         "grace_period": prep.grace_period,
+        "cli": dict(options.cli),
     }
     for key, path in (("cluster", cluster), ("down", extra["down"])):
         if path:

@@ -287,6 +287,7 @@ def _with_spares(cluster: ClusterSpec, given: str | None) -> ClusterSpec:
     a spare that is also a planned host, or more spares than hosts to spare."""
     if given is not None and given.strip().isdigit():
         count, hosts = int(given), cluster.hosts
+    job = replace(job, eval_pad=None)  # planned without the inputs
         if count >= len(hosts):
             raise UsageError(
                 f"--spare-hosts {count}: more spares than the {len(hosts)} host(s) given can spare"
