@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -306,6 +307,7 @@ def _host_plans(
     discovered: Mapping[str, Topology | None],
 ) -> tuple[list[HostPlan], list[str]]:
     plans, assumed = [], []
+    firsts = [0, *itertools.accumulate(counts)]  # each host's first instance
     for index, host in enumerate(hosts):
         topo, source = host.topology, "declared"
         if topo is None and discovered.get(host.name) is not None:
@@ -313,7 +315,7 @@ def _host_plans(
         if topo is None:
             topo, source = default, default_source if default is not None else "unknown"
             assumed.append(host.name)
-        first = sum(counts[:index])
+        first = firsts[index]
         ids = tuple(range(first, first + counts[index]))
         plans.append(HostPlan(index, host, topo, source, ids))
     notes = []

@@ -272,6 +272,7 @@ def spares_only(prep: Prepared) -> Prepared | None:
     one_each = tuple(replace(s, slots=None) for s in spares)  # slots would ask for more
     cluster = replace(prep.plan.cluster, hosts=one_each, spares=())
     job = replace(prep.job, instances=len(spares), replicas=len(spares), group_size=None)
+    job = replace(job, eval_pad=None)  # planned without the inputs
     return replace(prep, plan=make_plan(cluster, job, default_topology=prep.local_topology))
 
 
@@ -287,7 +288,6 @@ def _with_spares(cluster: ClusterSpec, given: str | None) -> ClusterSpec:
     a spare that is also a planned host, or more spares than hosts to spare."""
     if given is not None and given.strip().isdigit():
         count, hosts = int(given), cluster.hosts
-    job = replace(job, eval_pad=None)  # planned without the inputs
         if count >= len(hosts):
             raise UsageError(
                 f"--spare-hosts {count}: more spares than the {len(hosts)} host(s) given can spare"
