@@ -25,17 +25,20 @@ import functools
 import importlib.util
 import json
 import marshal
+import os
 import posixpath
 import select
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poprun_py.agent import host as remote_agent
 from poprun_py.agent import protocol as P
+from poprun_py.backends.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 
 if TYPE_CHECKING:
@@ -49,7 +52,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 HEARTBEAT = 0.5  # both ways: seconds of silence after which a side says "h"
-LIVENESS = 3.0  # a host (or poprun-py, for the agent) silent this long is gone
+LIVENESS = HOST_TIMEOUT  # a host (or poprun-py, for the agent) silent this long is gone
+LATE = 1.0  # a look at a host this much later than due: poprun-py was not listening meanwhile
+PAUSE_WAIT = 2.0  # on Ctrl-Z, how long the agents' "pause" may take before poprun-py stops
 KILL_WAIT = 3.0  # after SIGKILL, how long an agent has to report before its host is lost
 START_TIMEOUT = 30.0  # until its first word: a login shell on a loaded host can take seconds
 AGENT_START = (
@@ -167,9 +172,11 @@ INLINED = (
     (b"from poprun_py.agent.protocol import", "poprun_py.agent.protocol"),
     (b"from poprun_py.process.binding import", "poprun_py.process.binding"),
     (b"from poprun_py.process.stackdump import", "poprun_py.process.stackdump"),
+    (b"from poprun_py.process.identity import", "poprun_py.process.identity"),
 )
 """The agent's imports of poprun-py modules, each replaced by that module's code when it ships
-(the host has no poprun_py): one source of truth for the protocol and the binding syscalls."""
+(the host has no poprun_py): one source of truth for the protocol, the binding syscalls and
+process identities."""
 
 
 def inline_modules(agent: bytes) -> bytes:
@@ -394,7 +401,7 @@ class AgentLink:
     def __init__(self, host: str, indexes: Sequence[int]):
         self.host, self.indexes = host, tuple(indexes)
         self.agent: AgentConnection | None = None
-        self.heard = time.monotonic()
+        self.heard = self.looked = time.monotonic()
         self.heard_wall = time.time()
         self.done = False  # the agent said "d", or the host is lost
 
@@ -402,13 +409,30 @@ class AgentLink:
         """Hand the job to the agent."""
         agent.send(P.JOB + b" " + json.dumps(header).encode())
         self.agent = agent
-        self.heard, self.heard_wall = time.monotonic(), time.time()
+        self.heard = self.looked = time.monotonic()
+        self.heard_wall = time.time()
+        with _LOCK:
+            _WORKING.difference_update([link for link in _WORKING if link.done])
+            _WORKING.add(self)
 
     def send(self, line: bytes) -> None:
-        """Send one control line; a dead channel shows up as silence or EOF, not here."""
+        """Send one control line; a dead channel shows up as silence or EOF, not here. No
+        heartbeat while poprun-py is pausing (:func:`pausing`): it would end the agents' wait."""
+        if line == P.HEARTBEAT_LINE and PAUSED.is_set():
+            return
         if self.agent is not None and not self.done:
             with contextlib.suppress(OSError, EOFError):
                 self.agent.send(line)
+
+    def silence(self, now: float) -> float:
+        """Seconds the host has been silent while poprun-py listened: a look much later than
+        due (poprun-py was stopped -- SIGSTOP, Ctrl-Z -- or held up) gives the host back the
+        time nobody listened, since its records may be waiting unread."""
+        gap = now - self.looked
+        if gap > LATE:
+            self.heard = min(now, self.heard + gap)
+        self.looked = now
+        return now - self.heard
 
     def receive(self) -> tuple[list[bytes], bool]:
         """Complete records received so far, and whether the channel has ended."""
@@ -425,6 +449,8 @@ class AgentLink:
 
     def close(self) -> None:
         """Close the channel (the agent sees EOF and stops whatever is left)."""
+        with _LOCK:
+            _WORKING.discard(self)
         if self.agent is not None:
             self.agent.close()
 
@@ -441,3 +467,66 @@ class AgentLink:
             return f"host {self.host} stopped answering ({silence:.1f} s without a heartbeat)"
         assert self.agent is not None
         return self.agent.why_ended()
+
+
+_LOCK = threading.Lock()
+_WORKING: set[AgentLink] = set()  # the links whose agent has a job: told to wait on Ctrl-Z
+PAUSED = threading.Event()  # set while poprun-py is stopping (Ctrl-Z) until it continues
+
+
+class _Pausing:
+    """How many :func:`pausing` are active, and the SIGTSTP handler they replaced."""
+
+    depth = 0
+    replaced: Any = None
+
+
+@contextlib.contextmanager
+def pausing() -> Iterator[None]:
+    """While active (main thread only; nested use is counted), Ctrl-Z (SIGTSTP) of poprun-py
+    first tells every agent running a job to wait (``pause``: its silence limit is off until
+    poprun-py speaks again), then stops poprun-py as usual; on SIGCONT (``fg``, ``bg``) the
+    heartbeats resume, and they end the agents' wait. The job runs on meanwhile. An
+    uncatchable SIGSTOP is covered by the silence limit (``--host-timeout``) alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _Pausing.depth == 0:
+        _Pausing.replaced = signal.signal(signal.SIGTSTP, _on_tstp)
+    _Pausing.depth += 1
+    try:
+        yield
+    finally:
+        _Pausing.depth -= 1
+        if _Pausing.depth == 0:
+            replaced, _Pausing.replaced = _Pausing.replaced, None
+            with contextlib.suppress(ValueError):  # left on another thread: nothing to undo
+                signal.signal(signal.SIGTSTP, signal.SIG_DFL if replaced is None else replaced)
+
+
+def _on_tstp(signum: int, frame: object) -> None:
+    """Tell the agents to wait (from a thread: the code this handler interrupted may hold a
+    channel's lock), stop for real, and carry on once continued."""
+    PAUSED.set()
+    told = threading.Event()
+
+    def tell() -> None:
+        try:
+            with _LOCK:
+                _WORKING.difference_update([link for link in _WORKING if link.done])
+                links = list(_WORKING)
+            for link in links:
+                if link.agent is not None and not link.done:
+                    with contextlib.suppress(Exception):
+                        link.agent.send(P.PAUSE_LINE)
+        finally:
+            told.set()
+
+    threading.Thread(target=tell, daemon=True, name="poprun-pause").start()
+    told.wait(PAUSE_WAIT)
+    try:
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT
+    finally:
+        signal.signal(signal.SIGTSTP, _on_tstp)
+        PAUSED.clear()

@@ -18,7 +18,9 @@ once. When every instance has ended it stops what they left behind (their proces
 sessions, and anything carrying this run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the
 grace period. On ``term`` it stops everything the same way. When poprun-py is gone -- stdin
 closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
-cut off) -- it does so on its own.
+cut off; ``--host-timeout``; not after ``pause``, Ctrl-Z, until poprun-py speaks again) -- it
+does so on its own. No pid is signalled that may be another process's by then
+(:mod:`poprun_py.process.identity`).
 
 The protocol is specified in :mod:`poprun_py.agent.protocol` (inlined into the agent's
 source with :mod:`poprun_py.process.binding`).
@@ -57,6 +59,7 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     KILL_LINE,
     KILLED,
     NOT_STARTED,
+    PAUSE_LINE,
     RANK_DUMPED,
     RANK_STACK,
     REPLY,
@@ -76,6 +79,12 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     record,
 )
 from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
+from poprun_py.process.identity import (  # inlined: agent_payload
+    belonging,
+    boot_ticks,
+    signal_left,
+    signal_same,
+)
 from poprun_py.process.stackdump import (  # inlined: agent_payload
     dump_in_background,
     dump_ranks,
@@ -126,6 +135,7 @@ class _Instance:
     def __init__(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         self.index = index
         self.proc = proc
+        self.reaped_at: int | None = None  # the clock tick (/proc's) at which it was reaped
         self.pipes: dict[int, bytes] = {}  # open fd -> record kind (STDOUT or STDERR)
         self.partial: dict[int, bytes] = {}
         self.reported = False
@@ -133,6 +143,19 @@ class _Instance:
             if stream is not None:
                 self.pipes[stream.fileno()] = kind
                 self.partial[stream.fileno()] = b""
+
+    def poll(self) -> int | None:
+        """Its exit code once it has ended (it is reaped then), else None."""
+        code = self.proc.poll()
+        if code is not None and self.reaped_at is None:
+            self.reaped_at = boot_ticks() or 0
+        return code
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to its group while it is our unreaped child: once reaped, its pid (and group
+        id) may be anyone's (its leftovers: :meth:`Agent.leftovers`)."""
+        if self.poll() is None:
+            _killpg(self.proc.pid, sig)
 
 
 class Agent:
@@ -150,6 +173,7 @@ class Agent:
         self.control = bytearray(control)
         self.instances: list[_Instance] = []
         self.heard = self.sent = time.monotonic()
+        self.paused = False  # poprun-py said it stops (Ctrl-Z): no silence limit until it speaks
         self.in_open = True  # False once poprun-py cannot hear us (stdin EOF, broken channel)
         self.stopping = False  # SIGTERM sent (asked, orphaned, or every instance ended)
         self.kill_at: float | None = None
@@ -241,7 +265,7 @@ class Agent:
     def deadlines(self) -> list[float]:
         """Times at which the loop must wake even without input."""
         times = [self.sent + self.heartbeat]
-        if self.liveness > 0 and self.in_open:
+        if self.listening():
             times.append(self.heard + self.liveness)
         if self.kill_at is not None:
             times.append(self.kill_at)
@@ -258,7 +282,7 @@ class Agent:
         self.reap()
         if all(inst.reported for inst in self.instances):
             self.stop()
-        if self.liveness > 0 and self.in_open and now - self.heard > self.liveness:
+        if self.listening() and now - self.heard > self.liveness:
             self.in_open = False  # cut off: nobody hears us, and our output would only pile up
             self.pending.clear()
             self.stop()
@@ -273,10 +297,14 @@ class Agent:
             self.emit(HEARTBEAT_LINE)
         self.update_interest()
 
+    def listening(self) -> bool:
+        """True while poprun-py's silence counts: a limit, a channel, and no pause."""
+        return self.liveness > 0 and self.in_open and not self.paused
+
     def reap(self) -> None:
         """Report every instance that has exited."""
         for inst in self.instances:
-            code = inst.proc.poll() if not inst.reported else None
+            code = inst.poll() if not inst.reported else None
             if code is not None:
                 inst.reported = True
                 self.emit(
@@ -310,6 +338,7 @@ class Agent:
             self.stop()
             return
         self.heard = time.monotonic()
+        self.paused = False  # poprun-py speaks again: its silence counts again
         self.control += data
         self.handle_control()
 
@@ -322,10 +351,12 @@ class Agent:
                 self.stop()
             elif line == KILL_LINE:
                 self.signal_all(signal.SIGKILL)
+            elif line == PAUSE_LINE:
+                self.paused = True
             elif line.startswith(SIGNAL_LINE + b" ") and line[4:].isdigit():
                 self.forward(int(line[4:]))
             elif line.startswith(SIGNAL_RANKS_LINE + b" ") and line[5:].isdigit():
-                running = [i.proc.pid for i in self.instances if i.proc.poll() is None]
+                running = [i.proc.pid for i in self.instances if i.poll() is None]
                 signal_ranks(running, int(line[5:]))
             elif line.startswith(DUMP_LINE + b" "):
                 self.dump(dump_indexes(line))
@@ -336,7 +367,7 @@ class Agent:
         """Every running instance's stacks: ``py-spy dump`` of its Python processes on a
         thread (the loop goes on), else SIGUSR1 to those in ``faulthandler``; None: by rank
         (an MPI daemon's ranks), no SIGUSR1."""
-        roots = {i.index: i.proc.pid for i in self.instances if i.proc.poll() is None}
+        roots = {i.index: i.proc.pid for i in self.instances if i.poll() is None}
 
         def done(found: dict[int, list[bytes] | None]) -> None:
             self.dumps.append((faulthandler, found))
@@ -352,7 +383,7 @@ class Agent:
         """Send each dump as its instance's stderr lines, SIGUSR1 where there is none and
         the instance registered faulthandler, and a ``y`` record for each (by rank: ``s``
         lines and a ``w`` record for each rank, then ``y`` for each instance)."""
-        running = {i.index: i for i in self.instances if i.proc.poll() is None}
+        running = {i.index: i for i in self.instances if i.poll() is None}
         if faulthandler is None:
             for rank, lines in sorted(found.items()):
                 for line in lines or ():
@@ -367,15 +398,15 @@ class Agent:
                     self.emit(record(STDERR, index, line))
                 how = STACKS_PYSPY
             elif index in running and index in faulthandler:
-                _kill(running[index].proc.pid, signal.SIGUSR1, group=True)
+                running[index].signal(signal.SIGUSR1)
                 how = STACKS_FAULTHANDLER
             self.emit(record(STACKS, index, how))
 
     def forward(self, sig: int) -> None:
         """Send ``sig`` to every instance still running (its process group); nothing else."""
         for inst in self.instances:
-            if not inst.reported and inst.proc.poll() is None:
-                _kill(inst.proc.pid, sig, group=True)
+            if not inst.reported:
+                inst.signal(sig)
 
     def read_pipe(self, inst: _Instance, fd: int) -> None:
         """Forward the complete lines of one instance pipe."""
@@ -454,24 +485,22 @@ class Agent:
             self.signal_all(signal.SIGTERM)
 
     def signal_all(self, sig: int) -> None:
-        """Signal every instance's process group and every leftover found in /proc."""
+        """Signal every running instance's process group, and every leftover found in /proc,
+        each only if its pid still names the process found (:mod:`~poprun_py.process.identity`:
+        a pid reaped meanwhile may be anyone's)."""
         for inst in self.instances:
-            _kill(inst.proc.pid, sig, group=True)
-        for pid in self.leftovers():
-            _kill(pid, sig, group=False)
+            inst.signal(sig)
+        for ident in self.leftovers():
+            signal_same(ident, sig)
         if sig == signal.SIGTERM and self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
 
-    def leftovers(self) -> list[int]:
-        """Live processes in an instance's group or session, or carrying this run's id."""
-        groups = {inst.proc.pid for inst in self.instances}
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) != os.getpid():
-                pid = int(name)
-                if _belongs(pid, groups, self.token):
-                    found.append(pid)
-        return found
+    def leftovers(self) -> list[tuple[int, int]]:
+        """(pid, start time) of every live process in an instance's group or session -- a
+        reaped one's only while it still leads it -- or carrying this run's id."""
+        live = [i.proc.pid for i in self.instances if i.reaped_at is None]
+        reaped = {i.proc.pid: i.reaped_at for i in self.instances if i.reaped_at is not None}
+        return belonging(live, reaped, self.token)
 
 
 def write_files(items: list[dict[str, str]]) -> str:
@@ -491,29 +520,10 @@ def write_files(items: list[dict[str, str]]) -> str:
     return ""
 
 
-def _belongs(pid: int, groups: set[int], token: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] in (b"Z", b"X"):
-            return False
-        if int(fields[2]) in groups or int(fields[3]) in groups:
-            return True
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return token in handle.read().split(b"\0")
-    except (OSError, IndexError, ValueError):
-        return False
-
-
-def _kill(pid: int, sig: int, group: bool) -> None:
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _killpg(pid: int, sig: int) -> None:
+    """``sig`` to process group ``pid`` (callers make sure that it is still ours)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
@@ -573,10 +583,11 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     try:
         out, err = proc.communicate(stdin, timeout=request.get("timeout"))
     except subprocess.TimeoutExpired:
-        _kill(proc.pid, signal.SIGKILL, group=True)
+        if proc.returncode is None:  # not reaped: its group is still its own
+            _killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         reply["timeout"] = True
-    _kill(proc.pid, signal.SIGKILL, group=True)  # nothing it started outlives it
+    signal_left(proc.pid, boot_ticks() or 0, signal.SIGKILL)  # nothing it started outlives it
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     text = {"stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
     return {**reply, "code": code, **text}

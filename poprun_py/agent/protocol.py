@@ -24,7 +24,9 @@ poprun-py to the agent (its stdin):
    ``dump-ranks`` (the same for an MPI daemon's ranks, relayed: ``py-spy dump`` of every
    Python process of the instances' trees, each filed under its rank from its environment,
    ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends the answer;
-   no SIGUSR1: the launcher decides). End of input means poprun-py is gone: stop everything.
+   no SIGUSR1: the launcher decides), ``pause`` (poprun-py is about to be stopped, Ctrl-Z: its
+   silence does not count until its next line). End of input means poprun-py is gone: stop
+   everything.
 
 The agent to poprun-py (its stdout), about the job::
 
@@ -60,6 +62,7 @@ JOB = b"job"
 HEARTBEAT_LINE = b"h"
 TERM_LINE = b"term"
 KILL_LINE = b"kill"
+PAUSE_LINE = b"pause"  # poprun-py stops (Ctrl-Z): no silence limit until its next line
 SIGNAL_LINE = b"sig"  # ``sig N``
 SIGNAL_RANKS_LINE = b"sigr"  # ``sigr N``
 DUMP_LINE = b"dump"  # ``dump F``

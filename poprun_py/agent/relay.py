@@ -15,9 +15,10 @@ heartbeats go to every agent while its daemon runs.
 Stopping: when the shim disconnects (mpirun killed it, or ended), the agent is told ``term``:
 SIGTERM to orted, its ranks and anything carrying the host's run id, SIGKILL after the grace
 period. When poprun-py dies, the agents stop everything by themselves. A host silent for
-``liveness`` seconds (or whose channel ended) is lost: its shim exits 255, which makes mpirun
-abort the job, and :attr:`Relay.lost` names it -- dated when it was last heard, so it is the
-root cause. An agent runs one job, so a second request for one host is refused (exit 255).
+``liveness`` seconds (``--host-timeout``), or whose channel ended, is lost: its shim exits 255,
+which makes mpirun abort the job, and :attr:`Relay.lost` names it -- dated when it was last
+heard, so it is the root cause. An agent runs one job, so a second request for one host is
+refused (exit 255).
 
 A hung job's stacks (:meth:`RshRelay.dump_ranks`, for ``--hang-timeout``): every agent running
 a daemon is sent ``dump-ranks``; its ``s RANK TEXT``/``w RANK HOW`` records are gathered per
@@ -54,6 +55,7 @@ from poprun_py.agent.client import (
     AgentLink,
     Timing,
     agent_header,
+    pausing,
 )
 from poprun_py.agent.rsh_shim import SOCKET_VAR, uses_relay
 
@@ -104,13 +106,16 @@ class Relay:
 
 
 @contextlib.contextmanager
-def relayed(agents: AgentPool | None, job: RenderedJob, grace: float) -> Iterator[Relay]:
+def relayed(
+    agents: AgentPool | None, job: RenderedJob, grace: float, host_timeout: float = LIVENESS
+) -> Iterator[Relay]:
     """An :class:`RshRelay` while mpirun runs when ``job.launcher`` uses the shim and there are
-    agents to relay to; otherwise a :class:`Relay` that does nothing."""
+    agents to relay to (a host silent ``host_timeout`` seconds is lost, and so is poprun-py
+    to its agent); otherwise a :class:`Relay` that does nothing."""
     if agents is None or not uses_relay(job.launcher):
         yield Relay()
         return
-    timing = Timing(grace, HEARTBEAT, LIVENESS, START_TIMEOUT)
+    timing = Timing(grace, HEARTBEAT, host_timeout, START_TIMEOUT)
     with RshRelay(agents, host_names(job), timing) as relay:
         yield relay
 
@@ -147,6 +152,7 @@ class RshRelay(Relay):
         self.dump_waits: set[_Session] | None = None  # a rank dump under way: who has not answered
         self.dump_found: RankDumps = {}
         self.dump_done: Callable[[RankDumps], None] = lambda found: None
+        self.paused = contextlib.ExitStack()
 
     def __enter__(self) -> RshRelay:
         path = os.path.join(self.directory, "socket")
@@ -155,6 +161,7 @@ class RshRelay(Relay):
         self.listener.listen(128)
         self.environ[SOCKET_VAR] = path
         self.environ[AGENT_RUN_VAR] = self.run_id
+        self.paused.enter_context(pausing())  # Ctrl-Z: the agents are told to wait
         self.spawn(self.accept)
         self.spawn(self.beat)
         return self
@@ -173,6 +180,7 @@ class RshRelay(Relay):
             session.stop()
         for thread in threads:
             thread.join(max(0.0, self.give_up_at - time.monotonic()))
+        self.paused.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def stop_daemons(self) -> None:
@@ -338,7 +346,7 @@ class _Session:
                     self.record(link, record)
                 if ended and not link.done:
                     self.lose(link, link.why_lost())
-            silence = time.monotonic() - link.heard
+            silence = link.silence(time.monotonic())
             if not link.done and silence > self.relay.timing.liveness and not link.pending():
                 self.lose(link, link.why_lost(silence))
 

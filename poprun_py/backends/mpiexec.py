@@ -206,7 +206,9 @@ class MpiexecBackend(Defaults):
         output = Output(options, hosts, launcher="mpiexec")
         report = HydraReport()
         with contextlib.ExitStack() as stack:
-            relay = stack.enter_context(relayed(self.agents, job, options.grace_period))
+            relay = stack.enter_context(
+                relayed(self.agents, job, options.grace_period, options.host_timeout)
+            )
 
             def demux(child: Child, stream: str) -> Feed:
                 return HydraDemux(output, stream, report, relay, control)

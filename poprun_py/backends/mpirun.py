@@ -250,7 +250,9 @@ class MpirunBackend(Defaults):
             return TagDemux(output, stream, report)
 
         with contextlib.ExitStack() as stack:
-            relay = stack.enter_context(relayed(self.agents, job, options.grace_period))
+            relay = stack.enter_context(
+                relayed(self.agents, job, options.grace_period, options.host_timeout)
+            )
             env = {**job.launcher_env, **relay.environ}
             run = start_launcher(job, env, output, options.grace_period, demux, control)
             return LauncherRun(

@@ -121,6 +121,11 @@ class LaunchResult:
         return tuple(dict.fromkeys(r.host for r in self.instances if r.state == "lost"))
 
 
+HOST_TIMEOUT = 180.0
+"""The default ``--host-timeout``: seconds of silence (no heartbeat either way) after which a
+host is lost, and after which its agent takes poprun-py to be gone (README: "Hosts that stop
+answering"). A dead host is usually noticed at once anyway: its connection ends."""
+
 OutputSink = Callable[[int, str, str], None]
 """Called with (instance index, stream name ``stdout``/``stderr``, one line without newline)."""
 
@@ -134,6 +139,7 @@ class RunOptions:
     grace_period: float = 5.0
     sink: OutputSink | None = None
     connect_timeout: float = 10.0
+    host_timeout: float = HOST_TIMEOUT  # silence after which a host (or poprun-py) is gone
     extra: dict[str, str] = field(default_factory=dict)
     attempt: int = 0  # the restart count: logs of a later attempt are appended to
     progress: Progress | None = None  # told of every instance's output (hang detection)

@@ -19,10 +19,12 @@ SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once); SIGUSR1
 poprun-py reach every instance's process group (``sig N`` to every agent); a hung job's stacks
 are dumped by every agent (``dump F``: ``py-spy dump`` where it is on the host's PATH, else
 SIGUSR1 to those that registered faulthandler), each answering ``y IDX HOW``. Agents and poprun-py
-send each other heartbeats: a host silent for ``liveness`` seconds (dead, or off the network)
-is reported ``lost`` -- as the root cause, dated from when it was last heard -- and an agent
-that stops hearing poprun-py (closed stdin, or silence) stops its instances by itself, so a
-SIGKILLed poprun-py or a cut-off host leaves nothing running.
+send each other heartbeats: a host silent for ``liveness`` seconds (``--host-timeout``: dead,
+or off the network; a closed connection is noticed at once) is reported ``lost`` -- as the
+root cause, dated from when it was last heard -- and an agent that stops hearing poprun-py
+(closed stdin, or silence) stops its instances by itself, so a SIGKILLed poprun-py or a
+cut-off host leaves nothing running. Ctrl-Z of poprun-py tells the agents to wait
+(:func:`~poprun_py.agent.client.pausing`).
 
 Example::
 
@@ -34,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -47,7 +50,6 @@ from poprun_py.agent import protocol as P
 from poprun_py.agent.client import (
     HEARTBEAT,
     KILL_WAIT,
-    LIVENESS,
     START_TIMEOUT,
     AgentConnection,
     AgentLink,
@@ -55,6 +57,7 @@ from poprun_py.agent.client import (
     Timing,
     agent_header,
     host_files,
+    pausing,
 )
 from poprun_py.backends.base import Defaults, run_to_end
 from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
@@ -77,20 +80,22 @@ class SshBackend(Defaults):
     name = "ssh"
 
     def open(self, prep: Prepared, settings: RunSettings) -> RemoteSession:
-        """One connection and agent per host; the agents run the job (and write its files)."""
+        """One connection and agent per host; the agents write the job's files first (a host
+        where they cannot be written, e.g. a job root another user owns, fails preflight:
+        nothing is started anywhere), then run the job."""
         from poprun_py.backends.session import RemoteSession
 
         def runner(agents: AgentPool) -> SshBackend:
             return SshBackend(agents, **self._timing_args())
 
-        return RemoteSession(prep, settings, runner, stages=False)
+        return RemoteSession(prep, settings, runner, stages=True)
 
     def __init__(
         self,
         pool_or_settings: AgentPool | ConnectionPool | SshSettings | None = None,
         *,
         heartbeat: float = HEARTBEAT,
-        liveness: float = LIVENESS,
+        liveness: float | None = None,
         start_timeout: float = START_TIMEOUT,
     ):
         self._given = pool_or_settings
@@ -108,7 +113,7 @@ class SshBackend(Defaults):
         with ConnectionPool([h.spec for h in job.plan.hosts], given or _default_settings()) as pool:
             return run_to_end(SshBackend(AgentPool(pool), **self._timing_args()), job, options)
 
-    def _timing_args(self) -> dict[str, float]:
+    def _timing_args(self) -> dict[str, Any]:
         return {
             "heartbeat": self.heartbeat,
             "liveness": self.liveness,
@@ -124,7 +129,8 @@ class SshBackend(Defaults):
             raise TypeError("SshBackend.start needs the hosts' agents (an AgentPool)")
         agents = given if isinstance(given, AgentPool) else AgentPool(given)
         agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
-        timing = Timing(options.grace_period, self.heartbeat, self.liveness, self.start_timeout)
+        liveness = options.host_timeout if self.liveness is None else self.liveness
+        timing = Timing(options.grace_period, self.heartbeat, liveness, self.start_timeout)
         output = Output(options, {c.index: c.host for c in job.instances})
         run = SshRun(job, agents, output, timing, control)
         run.start()
@@ -183,13 +189,16 @@ class SshRun:
         self.dumping: set[int] | None = None  # a stack dump under way: the instances not done
         self.dump_signalled = False
         self.stop_beating = threading.Event()
+        self.paused = contextlib.ExitStack()  # Ctrl-Z handled while the job runs
         self.beater = threading.Thread(
             target=self.beat, args=(self.stop_beating,), daemon=True, name="poprun-heartbeat"
         )
 
     def start(self) -> None:
-        """Start the heartbeats and hand every host its job."""
+        """Start the heartbeats and hand every host its job; from now on Ctrl-Z tells the
+        agents to wait (:func:`~poprun_py.agent.client.pausing`)."""
         self.sel.register(self.control.wake_fd, selectors.EVENT_READ, None)
+        self.paused.enter_context(pausing())
         self.beater.start()
         try:
             self.start_all()
@@ -214,6 +223,7 @@ class SshRun:
         self.stop_beating.set()
         if self.beater.is_alive():
             self.beater.join()
+        self.paused.close()
         self.close_links()
         self.sel.close()
         self.output.close()
@@ -384,7 +394,7 @@ class SshRun:
         if self.control.kill_now and self.kill_at is not None:
             self.kill_at = min(self.kill_at, now)
         for link in self.links.values():
-            silence = now - link.heard
+            silence = link.silence(now)
             if not link.done and silence > link.silence_limit(self.timing) and not link.pending():
                 self.lose(link, link.why_lost(silence))
         if self.kill_at is not None and now >= self.kill_at and self.lose_at is None:

@@ -148,8 +148,7 @@ MpiArgs = Annotated[
     typer.Option(
         "--mpi-args",
         rich_help_panel=H_RUN,
-        help="Extra launcher options (mpirun, mpiexec, srun), as one string (split like a "
-        "shell would).",
+        help="Extra mpirun options, as one string (split like a shell would).",
     ),
 ]
 Templates = Annotated[
@@ -166,6 +165,16 @@ GracePeriod = Annotated[
         "--grace-period",
         rich_help_panel=H_RUN,
         help="Seconds between SIGTERM and SIGKILL when stopping instances (default 5).",
+    ),
+]
+HostTimeout = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--host-timeout",
+        rich_help_panel=H_RUN,
+        help="A host silent this long (90s, 45m, 2h, or seconds) is lost, and its agent stops "
+        "its instances when poprun-py is silent this long (default: the spec's, else 3m). A "
+        "closed connection is noticed at once.",
     ),
 ]
 H_SSH = "SSH"

@@ -82,6 +82,7 @@ class Defaults:
     restart_delay: float | None = None
     timeout: float | None = None  # seconds
     hang_timeout: float | None = None
+    host_timeout: float | None = None  # seconds of silence after which a host is lost
     strict_shards: bool | None = None  # refuse uneven input shards (--strict-shards)
 
 

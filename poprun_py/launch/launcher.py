@@ -115,6 +115,7 @@ def run_options(prep: Prepared, settings: RunSettings) -> RunOptions:
         grace_period=prep.grace_period,
         sink=settings.sink,
         connect_timeout=prep.connect_timeout,
+        host_timeout=prep.host_timeout,
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from poprun_py.backends import check_backend
+from poprun_py.backends.result import HOST_TIMEOUT
 from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_HOST_TIMEOUT = HOST_TIMEOUT  # see poprun_py.backends.result and the README
 
 
 def ssh_settings(cluster: ClusterSpec, ssh: SshOptions) -> SshSettings:
@@ -106,6 +108,7 @@ class LaunchOptions:
     timeout: str | None = None
     hang_timeout: float | None = None
     spare_hosts: str | None = None
+    host_timeout: str | None = None  # a duration (90s, 45m, 2h, or seconds), parsed here
     strict_shards: bool | None = None
 
     @property
@@ -145,6 +148,7 @@ class Prepared:
     local_topology: Topology | None
     options: LaunchOptions
     long_run: LongRun = field(default_factory=LongRun)
+    host_timeout: float = DEFAULT_HOST_TIMEOUT  # seconds of silence after which a host is lost
     job: JobSpec | None = None  # what the plan was made from (a spare's plan is made again)
     inputs: InputSet | None = None
 
@@ -197,6 +201,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         local_topology=local_topo,
         options=opts,
         long_run=_long_run(opts, cluster, plan),
+        host_timeout=_host_timeout(opts, cluster),
         job=job,
         inputs=inputs,
     )
@@ -261,6 +266,16 @@ def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> Lo
         raise UsageError(f"--hang-timeout must be more than 0, got {hang:g}")
     timeout = parse_duration(opts.timeout, "--timeout") if opts.timeout else d.timeout
     return LongRun(restarts, float(delay), timeout, hang, cluster.spares)
+
+
+def _host_timeout(opts: LaunchOptions, cluster: ClusterSpec) -> float:
+    """``--host-timeout`` (a duration), else the spec's ``defaults.host_timeout``, else
+    :data:`DEFAULT_HOST_TIMEOUT`; UsageError (exit 2, nothing started) if not a duration."""
+    from poprun_py.core.duration import parse_duration
+
+    if opts.host_timeout is not None:
+        return parse_duration(opts.host_timeout, "--host-timeout")
+    return _first(cluster.defaults.host_timeout, DEFAULT_HOST_TIMEOUT)
 
 
 def spares_only(prep: Prepared) -> Prepared | None:

@@ -94,6 +94,7 @@ _DEFAULTS = Obj(
         "restart_delay": Float(ge=0),
         "timeout": Str(min_len=1),
         "hang_timeout": Float(gt=0),
+        "host_timeout": Either((Float(gt=0), Str(min_len=1))),  # seconds, or 90s/45m/2h
         "strict_shards": Bool(),
     }
 )
@@ -259,6 +260,12 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
             restart_delay=d.restart_delay,
             timeout=timeout,
             hang_timeout=d.hang_timeout,
+            host_timeout=_guard(
+                lambda: _seconds(d.host_timeout, "host_timeout"),
+                lines,
+                source,
+                ("defaults", "host_timeout"),
+            ),
             strict_shards=d.strict_shards,
         ),
         spares=tuple(spares),
@@ -268,6 +275,13 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
         ssh_config=_expand(model.ssh.ssh_config),
         network=_guard(lambda: _network(model.network), lines, source, ("network",)),
     )
+
+
+def _seconds(value: float | str | None, key: str) -> float | None:
+    """A duration given as seconds or as text (``90s``, ``45m``, ``2h``); None if absent."""
+    from poprun_py.core.duration import parse_duration
+
+    return parse_duration(value, key) if isinstance(value, str) else value
 
 
 def _network(text: str | None) -> str | None:

@@ -9,8 +9,10 @@
 - :func:`subreaper` makes this process a child subreaper, so orphans of its descendants are
   re-parented to it rather than to init; :func:`no_children` then proves, with one syscall,
   that nothing is left.
-- :func:`descendants` walks ``/proc`` for everything that belongs to a set of started processes;
-  :func:`alive`, :func:`reap_adopted` finish the job.
+- :func:`descendants` walks ``/proc`` for everything that belongs to a set of started processes
+  -- those still running, and those reaped, whose process groups and sessions count only while
+  they are still the ones they led (:func:`~poprun_py.process.identity.ours`: a pid, once
+  reaped, may be anyone's); :func:`alive`, :func:`reap_adopted` finish the job.
 
 Example:
 
@@ -32,11 +34,38 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from poprun_py.process.binding import bound
+from poprun_py.process.identity import (
+    boot_ticks,
+    has_token,
+    owned,
+    proc_table,
+    read_stat,
+    signal_same,
+)
+
+__all__ = [
+    "Launched",
+    "ProcStat",
+    "Spawner",
+    "adopted_zombies",
+    "alive",
+    "boot_ticks",
+    "descendants",
+    "no_children",
+    "open_pidfd",
+    "proc_table",
+    "read_stat",
+    "reap_adopted",
+    "send_signal",
+    "signal_found",
+    "starttime",
+    "subreaper",
+    "with_descendants",
+]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -50,6 +79,13 @@ class Launched:
     ):
         self.pid, self.out, self.err, self.popen = pid, out, err, popen
         self.code: int | None = None
+
+    @property
+    def reaped(self) -> bool:
+        """True once its exit was collected: its pid may then be another process's."""
+        if self.popen is not None:
+            return self.popen.returncode is not None
+        return self.code is not None
 
     def poll(self) -> int | None:
         """Its exit code (negative: a signal) once it has ended, else None."""
@@ -196,6 +232,13 @@ def _inheritable_fds() -> list[int]:
     return fds
 
 
+def signal_found(found: Mapping[int, ProcStat], sig: int) -> None:
+    """``sig`` to each process found, only if its pid still names it (the same start time:
+    :func:`~poprun_py.process.identity.signal_same`)."""
+    for pid, stat in found.items():
+        signal_same((pid, stat[3]), sig)
+
+
 def send_signal(pid: int, sig: int, *, group: bool) -> None:
     """Send ``sig`` to ``pid`` (or its process group); gone or foreign processes are skipped."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -217,34 +260,7 @@ def open_pidfd(pid: int) -> int | None:
 
 
 ProcStat = tuple[int, int, int, int, str]
-"""(ppid, pgid, sid, starttime, state) from /proc/<pid>/stat."""
-
-
-def read_stat(pid: int) -> ProcStat | None:
-    """(ppid, pgid, sid, starttime, state) of ``pid``, or None once it is gone."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    fields = text[text.rfind(b")") + 2 :].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]), fields[0].decode()
-
-
-def boot_ticks() -> int | None:
-    """Now, in the clock ticks since boot that /proc's starttime counts (None if unknown).
-
-    A process started after this call has ``starttime(pid) >= boot_ticks()``.
-    """
-    clock = getattr(time, "CLOCK_BOOTTIME", None)
-    if clock is None:
-        return None
-    return int(time.clock_gettime(clock) * os.sysconf("SC_CLK_TCK"))
+"""(ppid, pgid, sid, starttime, state) from /proc/<pid>/stat (see :mod:`.identity`)."""
 
 
 def starttime(pid: int) -> int:
@@ -253,34 +269,25 @@ def starttime(pid: int) -> int:
     return stat[3] if stat else 0
 
 
-def proc_table() -> dict[int, ProcStat]:
-    """Every process of the machine (of this PID namespace)."""
-    table = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if name.isdigit():
-            stat = read_stat(int(name))
-            if stat is not None:
-                table[int(name)] = stat
-    return table
-
-
-def _has_token(pid: int, token: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return token in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def descendants(roots: set[int], token: str, since: int) -> dict[int, ProcStat]:
+def descendants(
+    roots: set[int],
+    token: str,
+    since: int,
+    reaped: Mapping[int, int] | None = None,
+    table: Mapping[int, ProcStat] | None = None,
+) -> dict[int, ProcStat]:
     """Processes started by ``roots`` (or since ``since``, in clock ticks) that belong to them.
 
-    A process belongs when it is in a root's session or process group, descends from a root,
-    was adopted by this process (subreaper) or has ``token`` (``NAME=value``) in its
-    environment; and then
-    every descendant of those. Zombies are included (they may need reaping).
+    ``roots`` are running (not yet reaped) children; ``reaped`` maps the pid of each root
+    already reaped to the clock tick of its reaping. A process belongs when it is in a root's
+    session or process group -- a reaped root's only while that group is still the one it led
+    (:func:`~poprun_py.process.identity.ours`); a reaped pid itself is never a root again --,
+    descends from a root, was adopted by this process (subreaper) or has ``token``
+    (``NAME=value``) in its environment; and then every descendant of those. Zombies are
+    included (they may need reaping). ``table`` is the process table to look in (default: now).
     """
-    table = proc_table()
+    table = proc_table() if table is None else table
+    groups, sessions = owned(roots, reaped or {}, table)
     me = os.getpid()
     mark = token.encode()
     marked = {
@@ -288,7 +295,9 @@ def descendants(roots: set[int], token: str, since: int) -> dict[int, ProcStat]:
         for pid, (ppid, pgid, sid, start, _) in table.items()
         if start >= since
         and pid != me
-        and (pid in roots or pgid in roots or sid in roots or ppid == me or _has_token(pid, mark))
+        and (
+            pid in roots or pgid in groups or sid in sessions or ppid == me or has_token(pid, mark)
+        )
     }
     found = _close_under_children(marked, table) - roots - _ancestors(me, table)
     return {pid: table[pid] for pid in found}

@@ -25,6 +25,10 @@ what they left -- processes in their sessions or groups, their descendants, orph
 anything carrying this run's ``POPRUN_RUN_ID`` -- then TERM, grace, KILL, and reaps the
 adopted ones. A child that called ``setsid`` or double-forked is stopped too; no zombie stays.
 The sweep is skipped when the subreaper has no child left at all (the usual, fast case).
+No signal goes by a pid that may have been reused (:mod:`poprun_py.process.identity`): a child
+gets one only until it is reaped, a leftover only while its pid still names the process found
+(the same start time), and a reaped child's group or session counts only while it is still the
+one it led; a reaped child whose group and session are empty is forgotten.
 
 Example:
 
@@ -51,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from poprun_py.backends.result import InstanceResult, LaunchResult
+from poprun_py.process.identity import leads
 from poprun_py.process.output import LineFeed, Output
 from poprun_py.process.proctree import (
     Launched,
@@ -62,8 +67,10 @@ from poprun_py.process.proctree import (
     descendants,
     no_children,
     open_pidfd,
+    proc_table,
     reap_adopted,
     send_signal,
+    signal_found,
     starttime,
     subreaper,
 )
@@ -285,7 +292,9 @@ class Supervision:
         self.start_failed = False
         self.live: dict[int, _Proc] = {}
         self.exits: list[ChildExit] = []
-        self.roots: set[int] = set()
+        self.roots: set[int] = set()  # children not yet reaped: their pids are still theirs
+        self.reaped: dict[int, int] = {}  # a reaped child's pid -> the clock tick of its reaping
+        self.spawned = False
         boot = boot_ticks()  # every child starts at or after this tick
         self.since, self.since_unknown = boot or 0, boot is None
         self.pipes = 0
@@ -363,6 +372,7 @@ class Supervision:
         pidfd = open_pidfd(pid)
         self.live[pid] = _Proc(child, launched, now, pidfd)
         self.roots.add(pid)
+        self.spawned = True
         if self.since_unknown:
             start = starttime(pid)
             self.since = min(self.since or start, start)
@@ -447,7 +457,7 @@ class Supervision:
                 for line in lines:
                     self.output.emit(index, "stderr", line)
             elif proc is not None and index in request.faulthandler:
-                send_signal(proc.launched.pid, signal.SIGUSR1, group=proc.child.signal_group)
+                _signal_child(proc, signal.SIGUSR1, group=proc.child.signal_group)
                 signalled = True
             elif proc is not None:
                 log.warning(
@@ -467,7 +477,7 @@ class Supervision:
         """Send ``signum`` to every live child: its process group, or only itself when it
         forwards signals to what it started (``signal_group`` False: mpirun, srun)."""
         for proc in list(self.live.values()):
-            send_signal(proc.launched.pid, signum, group=proc.child.signal_group)
+            _signal_child(proc, signum, group=proc.child.signal_group)
 
     def _read(self, pipe: _Pipe) -> None:
         try:
@@ -488,7 +498,10 @@ class Supervision:
 
     def _reap(self, proc: _Proc) -> None:
         code = proc.launched.wait()
-        del self.live[proc.launched.pid]
+        pid = proc.launched.pid
+        del self.live[pid]
+        self.roots.discard(pid)  # its pid may be anyone's from now on: never signalled again
+        self.reaped[pid] = boot_ticks() or 0
         if proc.pidfd is not None:
             self.sel.unregister(proc.pidfd)
             os.close(proc.pidfd)
@@ -514,9 +527,9 @@ class Supervision:
                 self._reap(proc)
         for proc in self.live.values():
             proc.signalled = True
-            send_signal(proc.launched.pid, signal.SIGTERM, group=proc.child.signal_group)
-        for pid in self._escaped(self._leftovers()):
-            send_signal(pid, signal.SIGTERM, group=False)
+            _signal_child(proc, signal.SIGTERM, group=proc.child.signal_group)
+        found = self._leftovers()
+        signal_found({pid: found[pid] for pid in self._escaped(found)}, signal.SIGTERM)
 
     def _escaped(self, found: Mapping[int, ProcStat]) -> list[int]:
         """Leftovers no group signal reaches (they left their child's group), except those
@@ -539,42 +552,44 @@ class Supervision:
         self.killed = True
         for proc in self.live.values():
             proc.signalled = True
-            send_signal(proc.launched.pid, signal.SIGKILL, group=True)
-        for pid in self._leftovers():
-            send_signal(pid, signal.SIGKILL, group=False)
+            _signal_child(proc, signal.SIGKILL, group=True)
+        signal_found(self._leftovers(), signal.SIGKILL)
 
     def _leftovers(self) -> dict[int, ProcStat]:
-        found = descendants(self.roots, f"{RUN_ID_VAR}={self.run_id}", self.since)
+        """What the children left (see :func:`descendants`); a reaped child whose process
+        group and session it no longer leads is forgotten: they are over for good."""
+        table = proc_table()
+        self.reaped = {p: at for p, at in self.reaped.items() if leads(p, at, table)}
+        token = f"{RUN_ID_VAR}={self.run_id}"
+        found = descendants(self.roots, token, self.since, self.reaped, table)
         return {pid: stat for pid, stat in found.items() if pid not in self.live}
 
     def _sweep_leftovers(self) -> None:
         """All children are gone: stop what they left behind (TERM, grace, KILL) and reap it."""
         self._join_dumper()  # py-spy runs are our children, not leftovers
-        if not self.roots or (self.subreaper and no_children()):
+        if not self.spawned or (self.subreaper and no_children()):
             return  # a subreaper without children has no descendants left: skip the /proc walk
-        found = set(self._leftovers())
+        found = self._leftovers()
         if not found:
             return
-        running = alive(found)
+        running = alive(set(found))
         if running and not self.killed:
-            for pid in running:
-                send_signal(pid, signal.SIGTERM, group=False)
+            signal_found({pid: found[pid] for pid in running}, signal.SIGTERM)
             deadline = self.stop_at or time.monotonic() + self.grace
             while alive(running) and time.monotonic() < deadline:
                 time.sleep(0.01)
-                reap_adopted(found)
+                reap_adopted(set(found))
         self._kill_until_gone()
 
     def _kill_until_gone(self) -> None:
         deadline = time.monotonic() + max(2.0, self.grace)
         while time.monotonic() < deadline:
-            found = set(self._leftovers())
-            reap_adopted(found)
-            running = alive(found)
-            if not running and not adopted_zombies(found):
+            found = self._leftovers()
+            reap_adopted(set(found))
+            running = alive(set(found))
+            if not running and not adopted_zombies(set(found)):
                 return
-            for pid in running:
-                send_signal(pid, signal.SIGKILL, group=False)
+            signal_found({pid: found[pid] for pid in running}, signal.SIGKILL)
             time.sleep(0.005)
 
     def _abort(self) -> None:
@@ -589,3 +604,10 @@ class Supervision:
                 data.close()
         self.sel.close()
         self.spawner.close()
+
+
+def _signal_child(proc: _Proc, sig: int, *, group: bool) -> None:
+    """``sig`` to a child (or its process group) unless it was reaped: a reaped pid may be
+    another process's by now."""
+    if not proc.launched.reaped:
+        send_signal(proc.launched.pid, sig, group=group)

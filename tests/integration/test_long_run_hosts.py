@@ -355,6 +355,8 @@ def test_a_host_cut_off_mid_run_is_replaced_by_a_spare_and_training_resumes(
         "3",
         "--max-restarts",
         "1",
+        "--host-timeout",
+        "3s",  # the cut-off host is lost 3 s after its last word
         "-o",
         str(logs),
         *inputs,

@@ -313,7 +313,8 @@ def test_a_host_off_the_network_is_the_root_cause_within_seconds(
 
     cutter = threading.Thread(target=cut_off_when_running, daemon=True)
     cutter.start()
-    result, _ = run(cluster, mpirun_job(cluster, plan, tmp_path / "job"), grace_period=1.0)
+    job = mpirun_job(cluster, plan, tmp_path / "job")
+    result, _ = run(cluster, job, grace_period=1.0, host_timeout=3.0)  # --host-timeout 3s
     assert cut and time.monotonic() - cut[0] < 8.0
     root = result.root_cause
     assert root is not None and (root.index, root.host, root.state) == (1, victim.name, "lost")

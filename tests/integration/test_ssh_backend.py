@@ -753,12 +753,13 @@ def without(cluster: TestCluster, host: str) -> TestCluster:
 
 
 def run_in_thread(
-    cluster: TestCluster, job: render.RenderedJob, grace: float = 1.0
+    cluster: TestCluster, job: render.RenderedJob, grace: float = 1.0, host_timeout: float = 3.0
 ) -> tuple[threading.Thread, dict[str, object]]:
     box: dict[str, object] = {}
 
-    def target() -> None:
-        box["result"], box["lines"] = run_job(cluster, job, grace_period=grace)
+    def target() -> None:  # a host silent for host_timeout (--host-timeout) is lost
+        opts = {"grace_period": grace, "host_timeout": host_timeout}
+        box["result"], box["lines"] = run_job(cluster, job, **opts)
         box["at"] = time.monotonic()
 
     thread = threading.Thread(target=target, daemon=True)
