@@ -228,7 +228,8 @@ def test_the_detach_record_carries_the_option(
     record = from_json(captured.records[-1])
     given = params([*args, "--", *PROGRAM])
     if name in FIELDS:
-        opts = recorded_options(Recorder(tmp_path, record, -1))
+        with contextlib.chdir(d):  # the supervisor goes to the job's working directory
+            opts = recorded_options(Recorder(tmp_path, record, -1))
         expected = "ssh" if name == "backend" else launch_options(given).__dict__[name]
         assert getattr(opts, name) == expected, name
     else:
