@@ -173,6 +173,7 @@ INLINED = (
     (b"from poprun_py.process.binding import", "poprun_py.process.binding"),
     (b"from poprun_py.process.stackdump import", "poprun_py.process.stackdump"),
     (b"from poprun_py.process.identity import", "poprun_py.process.identity"),
+    (b"from poprun_py.process.private import", "poprun_py.process.private"),
 )
 """The agent's imports of poprun-py modules, each replaced by that module's code when it ships
 (the host has no poprun_py): one source of truth for the protocol, the binding syscalls and

@@ -85,6 +85,7 @@ from poprun_py.process.identity import (  # inlined: agent_payload
     signal_left,
     signal_same,
 )
+from poprun_py.process.private import private_dir, write_private  # inlined: agent_payload
 from poprun_py.process.stackdump import (  # inlined: agent_payload
     dump_in_background,
     dump_ranks,
@@ -504,17 +505,14 @@ class Agent:
 
 
 def write_files(items: list[dict[str, str]]) -> str:
-    """Write each ``{"path", "text"}`` (atomically, mode 0600, directories 0700); '' or what
+    """Write each ``{"path", "text"}`` (atomically, mode 0600, directories 0700, never through
+    a directory another user could tamper with: :mod:`poprun_py.process.private`); '' or what
     went wrong."""
     for item in items:
         path, text = item["path"], item["text"]
-        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
+            private_dir(os.path.dirname(os.path.abspath(path)))
+            write_private(path, text, durable=False)  # rewritten by every launch
         except OSError as exc:
             return f"cannot write {path}: {exc.strerror or exc}"
     return ""

@@ -212,11 +212,10 @@ def launcher_exec(python: str = sys.executable, environ: Mapping[str, str] = os.
     """:func:`exec_script_path`, written (mode 0700, atomically) unless it is there already."""
     path = exec_script_path(python, environ)
     if not os.access(path, os.X_OK):
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temp = f"{path}.{os.getpid()}"
-        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700), "w") as out:
-            out.write(exec_script(python))
-        os.replace(temp, path)
+        from poprun_py.process.private import private_dir, write_private  # not on the hosts
+
+        private_dir(os.path.dirname(path))
+        write_private(path, exec_script(python), mode=0o700)
     return path
 
 

@@ -88,6 +88,7 @@ class LaunchResult:
     attempts: tuple[LaunchResult, ...] = ()
     restart_failed: str = ""
     replaced: tuple[tuple[str, str], ...] = ()  # (lost host, spare) in this attempt's plan
+    job_dir: str = ""  # where the job's files were left ("": removed after success, or none)
 
     @property
     def failures(self) -> tuple[InstanceResult, ...]:
@@ -156,3 +157,4 @@ class RunSettings:
     known_hosts: str | None = None
     sync: bool = False
     on_running: Callable[[int], None] | None = None  # told when attempt k's instances all run
+    keep_job_dir: bool = False  # keep a successful job's directory (else removed)

@@ -9,6 +9,7 @@ Example:
 
     $ poprun-py jobs
     $ poprun-py jobs -c clusters/testhosts-4.yaml --format json
+    $ poprun-py jobs --prune --older-than 7d
     $ poprun-py logs -f testhosts-4-20261201-120501-3f2a --instance 3
     $ poprun-py stop testhosts-4-20261201-120501-3f2a
     $ poprun-py wait testhosts-4-20261201-120501-3f2a; echo $?
@@ -42,6 +43,22 @@ Instance = Annotated[
     Optional[int],  # noqa: UP045 - typer needs Optional on 3.10
     typer.Option("--instance", help="Only this instance's output (its log)."),
 ]
+Prune = Annotated[
+    bool,
+    typer.Option(
+        "--prune",
+        help="Remove the ended detached jobs (their directories on their supervisor hosts, "
+        "and this machine's record of them) instead of listing them.",
+    ),
+]
+OlderThan = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
+    typer.Option(
+        "--older-than",
+        metavar="DURATION",
+        help="With --prune: only jobs that ended at least this long ago (90s, 45m, 2h, 7d).",
+    ),
+]
 DEFAULT_GRACE = 5.0
 
 
@@ -55,13 +72,21 @@ def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
     ssh_config: o.SshConfig = None,
     identity: o.Identity = None,
     user: o.User = None,
+    prune: Prune = False,
+    older_than: OlderThan = None,
 ) -> None:
-    """List detached jobs: id, state, hosts, start, attempts, exit code."""
+    """List detached jobs: id, state, hosts, start, attempts, exit code (--prune: remove the
+    ended ones)."""
     from poprun_py.jobs.finder import all_jobs
 
     if fmt not in ("table", "json"):
         raise UsageError(f"--format must be table or json, got {fmt!r}")
     ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
+    if older_than is not None and not prune:
+        raise UsageError("--older-than goes with --prune")
+    if prune:
+        _prune(hosts, cluster, ssh, older_than, fmt)
+        return
     records, problems = all_jobs(hosts, cluster, ssh)
     for line in problems:
         sys.stderr.write(f"poprun-py: warning: {line}\n")
@@ -73,6 +98,29 @@ def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
         sys.stdout.write("\n")
         return
     _print_table(records)
+
+
+def _prune(
+    hosts: str | None,
+    cluster: str | None,
+    ssh: SshOptions,
+    older_than: str | None,
+    fmt: str,
+) -> None:
+    """``jobs --prune [--older-than AGE]``: one line naming what was removed."""
+    from poprun_py.core.duration import parse_duration
+    from poprun_py.jobs.finder import prune_jobs
+
+    age = parse_duration(older_than, "--older-than") if older_than is not None else 0.0
+    pruned, problems = prune_jobs(hosts, cluster, ssh, age)
+    for line in problems:
+        sys.stderr.write(f"poprun-py: warning: {line}\n")
+    if fmt == "json":
+        json.dump({"pruned": pruned}, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    names = f": {', '.join(pruned)}" if pruned else ""
+    sys.stderr.write(f"poprun-py: pruned {len(pruned)} ended job(s){names}\n")
 
 
 def _print_table(records: list[JobRecord]) -> None:
@@ -229,7 +277,8 @@ def _run_job(recorder: Recorder) -> None:
         logs = extra.get("output_dir") or str(recorder.job_dir / "logs")
         cli = extra.get("cli") or {}  # the options launch_cmd passes on besides LaunchOptions
         only = cli.get("only_output_from_instance")
-        _launch(prep, logs, only, False, on_running=recorder.running)
+        keep = bool(cli.get("keep_job_dir"))
+        _launch(prep, logs, only, False, on_running=recorder.running, keep=keep)
         recorder.ended(0, "", interrupted=False)
     except (PoprunError, KeyboardInterrupt) as exc:
         code = report_error(exc)

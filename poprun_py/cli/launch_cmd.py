@@ -11,19 +11,22 @@ Example:
 """
 
 import contextlib
+import functools
 import gc
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, TextIO
 
+import typer
+
 from poprun_py.cli import long_run as lr
-from poprun_py.cli import onekey
+from poprun_py.cli import onekey, option_model
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
 from poprun_py.errors import UsageError
-from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
+from poprun_py.prepare.job import Prepared, prepare
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import LaunchResult
@@ -39,6 +42,7 @@ def _command(mode: str) -> Callable[..., None]:
     """Build the command function for ``mode`` (plan | render | launch); same options for all."""
 
     def command(  # noqa: PLR0917 - typer maps every option to a parameter
+        ctx: typer.Context,
         program: o.Program = None,
         hosts: o.Hosts = None,
         cluster: o.Cluster = None,
@@ -69,10 +73,11 @@ def _command(mode: str) -> Callable[..., None]:
         output_dir: o.OutputDir = None,
         only_output_from_instance: o.OnlyOutputFrom = None,
         dry_run: o.DryRun = False,
+        keep_job_dir: o.KeepJobDir = False,
         print_topology: o.PrintTopology = False,
         slurm_time: o.SlurmTime = None,
-        partition: o.SlurmPartition = None,
-        account: o.SlurmAccount = None,
+        slurm_partition: o.SlurmPartition = None,
+        slurm_account: o.SlurmAccount = None,
         network: o.Network = None,
         device_env: o.DeviceEnv = None,
         nic_affinity: o.NicAffinity = None,
@@ -90,45 +95,7 @@ def _command(mode: str) -> Callable[..., None]:
         down: onekey.Down = False,
         yes: onekey.Yes = False,
     ) -> None:
-        opts = LaunchOptions(
-            program=tuple(program or ()),
-            hosts=hosts,
-            cluster=cluster,
-            replicas=replicas,
-            instances=instances,
-            devices_per_replica=devices_per_replica,
-            numa_aware=numa_aware,
-            group_size=group_size,
-            inputs=tuple(inputs or ()),
-            eval_pad=eval_pad,
-            strict_shards=strict_shards,
-            env=tuple(env or ()),
-            backend=backend,
-            workdir=workdir,
-            master_port=master_port,
-            mpi_args=mpi_args,
-            templates=templates,
-            grace_period=grace_period,
-            host_timeout=host_timeout,
-            connect_timeout=connect_timeout,
-            known_hosts=known_hosts,
-            ssh_config=ssh_config,
-            identity=identity,
-            user=user,
-            accept_new_host_keys=accept_new_host_keys,
-            slurm_time=slurm_time,
-            slurm_partition=partition,
-            slurm_account=account,
-            network=network,
-            device_env=device_env,
-            nic_affinity=nic_affinity,
-            exclude=exclude,
-            max_restarts=max_restarts,
-            restart_delay=restart_delay,
-            timeout=timeout,
-            hang_timeout=hang_timeout,
-            spare_hosts=spare_hosts,
-        )
+        opts = option_model.launch_options(ctx.params)  # every field, by its name
         if fmt not in ("table", "json"):
             raise UsageError(f"--format must be table or json, got {fmt!r}")
         if mode == "launch" and not opts.program:
@@ -143,7 +110,9 @@ def _command(mode: str) -> Callable[..., None]:
                 show_plan(prep.plan, fmt)
                 return
             if mode == "render" or dry_run:
-                _show_rendered(prep, fmt, output_dir, with_plan=mode == "launch")
+                values = option_model.option_values(ctx.params, opts)
+                batch = functools.partial(launch_argv, prep, ctx.command, values)
+                _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
                 return
             if mode == "check" or check:
                 stream = sys.stdout if mode == "check" else sys.stderr
@@ -155,9 +124,11 @@ def _command(mode: str) -> Callable[..., None]:
             if print_topology:
                 show_plan(prep.plan, "table")
             if detach:
-                _detach(prep, fmt, output_dir, sync or up, cluster if down else None)
+                values = option_model.option_values(ctx.params, opts)
+                cli = option_model.detached_cli(ctx.command, values)
+                _detach(prep, fmt, output_dir, sync or up, cluster if down else None, cli=cli)
                 return
-            _launch(prep, output_dir, only_output_from_instance, sync or up)
+            _launch(prep, output_dir, only_output_from_instance, sync or up, keep=keep_job_dir)
 
     command.__name__ = mode
     command.__doc__ = {
@@ -213,13 +184,21 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
     stream.flush()
 
 
-def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: bool) -> None:
+def _show_rendered(
+    prep: Prepared,
+    fmt: str,
+    output_dir: str | None,
+    with_plan: bool,
+    *,
+    batch: "Callable[[], list[str]] | None" = None,
+) -> None:
     from poprun_py.backends import get_backend
     from poprun_py.launch import launcher
     from poprun_py.render.display import format_job, job_dict
 
     if not with_plan and fmt == "table":
-        script = get_backend(prep.backend).batch_script(prep, launch_argv(prep.options, output_dir))
+        backend = get_backend(prep.backend)
+        script = backend.batch_script(prep, batch()) if batch is not None else None
         if script is not None:
             sys.stdout.write(script)
             return
@@ -235,56 +214,32 @@ def _show_rendered(prep: Prepared, fmt: str, output_dir: str | None, with_plan: 
         sys.stderr.write("dry run: nothing was started\n")
 
 
-def launch_argv(opts: LaunchOptions, output_dir: str | None = None) -> list[str]:
-    """``python -m poprun_py launch --backend slurm ...`` with these options, run by this same
-    interpreter (same paths on every node); hosts come from the allocation inside the batch
-    job, so ``--hosts`` is left out."""
-    pairs: list[tuple[str, object]] = [
-        ("--cluster", opts.cluster),
-        ("--replicas", opts.replicas),
-        ("--instances", opts.instances),
-        ("--devices-per-replica", opts.devices_per_replica),
-        ("--group-size", opts.group_size),
-        ("--eval-pad", opts.eval_pad),
-        ("--workdir", opts.workdir),
-        ("--master-port", opts.master_port),
-        ("--mpi-args", opts.mpi_args),
-        ("--templates", opts.templates),
-        ("--grace-period", opts.grace_period),
-        ("--host-timeout", opts.host_timeout),
-        ("--connect-timeout", opts.connect_timeout),
-        ("--max-restarts", opts.max_restarts),
-        ("--restart-delay", opts.restart_delay),
-        ("--timeout", opts.timeout),
-        ("--hang-timeout", opts.hang_timeout),
-        ("--output-dir", os.path.abspath(output_dir) if output_dir else None),
-    ]
-    argv = [sys.executable, "-m", "poprun_py", "launch", "--backend", "slurm"]
-    for flag, value in pairs:
-        if value is not None:
-            argv += [flag, str(value)]
-    if opts.numa_aware is not None:
-        argv.append("--numa-aware" if opts.numa_aware else "--no-numa-aware")
-    if opts.strict_shards is not None:
-        argv.append("--strict-shards" if opts.strict_shards else "--no-strict-shards")
-    for flag, value in (
-        ("--network", opts.network),
-        ("--device-env", opts.device_env),
-        ("--exclude", opts.exclude),
-    ):
-        argv += [flag, value] if value else []
-    if opts.nic_affinity:
-        argv.append("--nic-affinity")
-    for pattern in opts.inputs:
-        argv += ["--input", pattern]
-    for setting in opts.env:
-        argv += ["--env", setting]
-    return [*argv, "--", *opts.program]
+def launch_argv(
+    prep: Prepared, command: "option_model.Command", values: "Mapping[str, object]"
+) -> list[str]:
+    """``python -m poprun_py launch --backend slurm ...``, the Slurm batch job's body: every
+    option of ``command`` with its value in ``values`` (:func:`option_model.batch_argv`);
+    ``--hosts`` too when the batch job asks for those very nodes, else the hosts are the
+    allocation's."""
+    from poprun_py.backends.slurm import slurm_request
+
+    named = prep.backend == "slurm" and bool(slurm_request(prep).nodelist)
+    return option_model.batch_argv(command, values, with_hosts=named)
 
 
-def _detach(prep: Prepared, fmt: str, output_dir: str | None, sync: bool, down: str | None) -> None:
+def _detach(
+    prep: Prepared,
+    fmt: str,
+    output_dir: str | None,
+    sync: bool,
+    down: str | None,
+    *,
+    cli: "Mapping[str, object] | None" = None,
+) -> None:
     """``launch --detach``: the job goes to its supervisor; its id is the last line on stdout
-    (``--format json``: an object with the id, hosts and where the logs are)."""
+    (``--format json``: an object with the id, hosts and where the logs are). ``cli``: the
+    options that are not LaunchOptions fields and that the supervisor applies
+    (:func:`option_model.detached_cli`)."""
     from poprun_py.jobs.detach import DetachOptions, detach
 
     here = False
@@ -294,7 +249,7 @@ def _detach(prep: Prepared, fmt: str, output_dir: str | None, sync: bool, down: 
         provider = load_cluster(down).provider
         here = provider is not None and provider.kind == "local"
     with _warnings_to_stderr():
-        record = detach(prep, DetachOptions(output_dir, sync, down, here))
+        record = detach(prep, DetachOptions(output_dir, sync, down, here, dict(cli or {})))
     where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
     sys.stderr.write(
         f"poprun-py: job {record.id}: {len(record.instances)} instance(s) running, "
@@ -317,6 +272,8 @@ def _launch(
     only_from: int | None,
     sync: bool,
     on_running: "Callable[[int], None] | None" = None,
+    *,
+    keep: bool = False,
 ) -> None:
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
@@ -331,10 +288,13 @@ def _launch(
         only_output_from=only_from,
         sync=sync,
         on_running=on_running,
+        keep_job_dir=keep,
     )
     with _warnings_to_stderr(), lr.announcing(sys.stderr):  # each restart, as it happens
         result = launcher.launch(prep, settings)
     attempts = lr.attempt_lines(result)
+    if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
+        attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed
     if result.interrupted:
         _print_summary(result, attempts)
         raise Interrupted("interrupted: every instance was stopped", result)

@@ -148,7 +148,8 @@ MpiArgs = Annotated[
     typer.Option(
         "--mpi-args",
         rich_help_panel=H_RUN,
-        help="Extra mpirun options, as one string (split like a shell would).",
+        help="Extra launcher options (mpirun, mpiexec, srun), as one string (split like a "
+        "shell would).",
     ),
 ]
 Templates = Annotated[
@@ -248,6 +249,15 @@ DryRun = Annotated[
     bool,
     typer.Option(
         "--dry-run", rich_help_panel=H_OUT, help="Print the plan and the commands; start nothing."
+    ),
+]
+KeepJobDir = Annotated[
+    bool,
+    typer.Option(
+        "--keep-job-dir",
+        rich_help_panel=H_OUT,
+        help="Keep the job's directory (shard lists, hostfile) after a successful launch; "
+        "it is removed otherwise (always kept after a failure, and with --output-dir).",
     ),
 ]
 PrintTopology = Annotated[

@@ -4,18 +4,21 @@
 entry says which host and how to reach it; without an entry (the registry was lost, or the job
 was launched elsewhere) every host of the cluster named with ``-c``/``--hosts`` is asked, this
 machine first. :func:`all_jobs` lists the jobs of every supervisor host the registry knows, and
-of every host of a named cluster, each host over one fresh connection, all in parallel.
+of every host of a named cluster, each host over one fresh connection, all in parallel;
+:func:`prune_jobs` removes the ended ones (their directories there, their entries here).
 
 Example::
 
     with job_host("c-20261201-120000-ab12", hosts=None, cluster=None) as (host, record):
         print(record.state)
     records, problems = all_jobs(None, "clusters/testhosts-4.yaml", SshOptions())
+    pruned, problems = prune_jobs(None, None, SshOptions(), older_than=7 * 86400)
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -141,16 +144,53 @@ def _ask(
     spec: ClusterSpec, ssh: SshOptions, names: list[str] | None
 ) -> tuple[list[JobRecord], list[str]]:
     """The jobs on the hosts ``names`` of ``spec`` (all of them: None)."""
-    records: list[JobRecord] = []
+    answers, problems = _on_hosts(spec, ssh, names, "list")
+    return [record_of(data) for got in answers for data in got], problems
+
+
+def _on_hosts(
+    spec: ClusterSpec, ssh: SshOptions, names: list[str] | None, op: str, *args: str
+) -> tuple[list[Any], list[str]]:
+    """The answers of the hosts ``names`` of ``spec`` (all of them: None) to a hostops
+    operation, and one line per host that could not be asked."""
+    found: list[Any] = []
     problems: list[str] = []
     with _pool(spec, ssh, names) as pool:
-        answers = pool.map(lambda c: RemoteJobHost(c).call("list"), connect=True)
+        answers = pool.map(lambda c: RemoteJobHost(c).call(op, *args), connect=True)
     for host, got in answers.items():
         if isinstance(got, BaseException):
-            problems.append(f"cannot list the jobs on host {host}: {got}")
+            what = "list the jobs" if op == "list" else f"{op} the jobs"
+            problems.append(f"cannot {what} on host {host}: {got}")
             continue
-        records += [record_of(data) for data in got]
-    return records, problems
+        found.append(got)
+    return found, problems
+
+
+def prune_jobs(
+    hosts: str | None, cluster: str | None, ssh: SshOptions, older_than: float = 0.0
+) -> tuple[list[str], list[str]]:
+    """Remove every detached job that ended at least ``older_than`` seconds ago: its directory
+    on this machine, on every supervisor host the registry names and on every host of the
+    named cluster, and its registry entry here. The ids removed, and one line per host that
+    could not be asked."""
+    age = repr(float(older_than))
+    pruned = set(LocalJobHost().call("prune", age))
+    entries = registry.entries()
+    groups = _supervisor_groups(entries)
+    if hosts or cluster:
+        groups.append((_cluster(hosts, cluster), ssh, None))
+    problems: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as workers:
+        for answers, lines in workers.map(lambda g: _on_hosts(*g, "prune", age), groups):
+            problems += lines
+            pruned.update(job_id for got in answers for job_id in got)
+    now = time.time()
+    for entry in entries:
+        ended = (entry.ended or {}).get("ended") or entry.created
+        if entry.id in pruned or (entry.ended is not None and now - ended >= older_than):
+            registry.remove(entry.id)
+            pruned.add(entry.id)
+    return sorted(pruned), problems
 
 
 def _cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
@@ -174,4 +214,4 @@ def _pool(
         yield pool
 
 
-__all__ = ["all_jobs", "job_host", "record_of"]
+__all__ = ["all_jobs", "job_host", "prune_jobs", "record_of"]

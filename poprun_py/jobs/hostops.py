@@ -13,7 +13,13 @@ Operations (``python3 -S hostops.py OP ARGS``; JSON on stdout, exit 3 for an unk
 - ``follow ID FILE 0|1``: the file's bytes; with 1, until the job has ended and all is read;
 - ``wait ID``: block until the supervisor is gone, then the record;
 - ``stop ID GRACE``: SIGTERM to the supervisor (which stops every instance: TERM, KILL after
-  the grace period), wait for it to end, then the record. Stopping an ended job does nothing.
+  the grace period), wait for it to end, then the record. Stopping an ended job does nothing;
+- ``prune AGE``: remove the directory of every ended job that ended at least AGE seconds ago;
+  the ids removed.
+
+The root is this user's job root (:func:`poprun_py.process.private.job_root`, inlined when
+this module ships): one that another user could tamper with is refused (exit
+:data:`UNSAFE_ROOT`, one line on stderr), and a ``job.json`` that is not this user's is no job.
 
 Example:
 
@@ -35,25 +41,37 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from poprun_py.process.private import (  # inlined (hostops ships alone): place.hostops_source
+    UnsafePath,
+    job_root,
+    private_dir,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     Record = dict[str, Any]
     Write = Callable[[bytes], None]
 NO_SUCH_JOB = 3
+UNSAFE_ROOT = 4
 POLL = 0.1
 STOP_MARGIN = 15.0  # beyond the grace period, before the supervisor itself is killed
 
 
 def jobs_root() -> str:
-    """Where this user's detached jobs live on this host."""
-    try:
-        import getpass
+    """Where this user's detached jobs live on this host (under the job root: never
+    ``$XDG_RUNTIME_DIR``, which goes at logout while a detached job goes on)."""
+    return os.path.join(job_root(), "jobs", "detached")
 
-        user = getpass.getuser()
-    except (KeyError, OSError, ImportError):
-        user = str(os.getuid())
-    return f"/tmp/poprun-py-{user}/jobs/detached"
+
+def checked_root(root: str) -> str:
+    """``root``, checked: UnsafePath when another user could tamper with it or with the part of
+    the way to it that exists (nothing is made)."""
+    there = root
+    while not os.path.lexists(there) and os.path.dirname(there) != there:
+        there = os.path.dirname(there)
+    private_dir(there)
+    return root
 
 
 def pid_start(pid: int) -> str | None:
@@ -88,7 +106,10 @@ def load(root: str, job_id: str) -> Record | None:
     """The job's record (a dict with ``alive``), or None."""
     path = os.path.join(root, job_id, "job.json")
     try:
-        with open(path, encoding="utf-8") as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            if os.fstat(fd).st_uid != os.geteuid():
+                return None  # not written by this user's supervisor: no job of ours
             record: Record = json.load(handle)
     except (OSError, ValueError):
         return None
@@ -180,6 +201,29 @@ def stop(root: str, job_id: str, grace: float) -> Record | None:
     return record
 
 
+def prune(root: str, age: float, now: float | None = None) -> list[str]:
+    """Remove the directory of every job that has ended (its supervisor gone) at least
+    ``age`` seconds ago; the ids removed, oldest first."""
+    import shutil
+
+    at = time.time() if now is None else now
+    removed = []
+    for record in list_jobs(root):
+        name = str(record.get("id"))
+        path = os.path.join(root, name)
+        if record["alive"] or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            last = float(record.get("ended") or os.stat(os.path.join(path, "job.json")).st_mtime)
+        except (OSError, TypeError, ValueError):
+            continue
+        if at - last >= age:
+            shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path):
+                removed.append(name)
+    return removed
+
+
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signum)
@@ -190,6 +234,11 @@ def main(argv: list[str]) -> int:
     op, args, root = argv[0], argv[1:], jobs_root()
     out = sys.stdout.buffer
     result: Any
+    try:
+        checked_root(root)
+    except UnsafePath as exc:
+        sys.stderr.write(f"poprun-py: {exc}\n")
+        return UNSAFE_ROOT
     if op == "list":
         result = list_jobs(root)
     elif op == "follow":
@@ -201,6 +250,8 @@ def main(argv: list[str]) -> int:
         result = wait(root, args[0])
     elif op == "stop":
         result = stop(root, args[0], float(args[1]))
+    elif op == "prune":
+        result = prune(root, float(args[0]))
     else:
         sys.stderr.write(f"poprun-py hostops: unknown operation {op!r}\n")
         return 2

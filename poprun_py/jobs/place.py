@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -79,7 +80,7 @@ class LocalJobHost:
 
     def call(self, op: str, *args: str) -> Any:
         """Run the operation in-process."""
-        root = hostops.jobs_root()
+        root = local_root()
         if op == "list":
             return hostops.list_jobs(root)
         fn = {"show": hostops.show, "wait": hostops.wait}.get(op)
@@ -87,11 +88,13 @@ class LocalJobHost:
             return fn(root, args[0])
         if op == "stop":
             return hostops.stop(root, args[0], float(args[1]))
+        if op == "prune":
+            return hostops.prune(root, float(args[0]))
         raise ValueError(f"unknown operation {op!r}")
 
     def follow(self, job_id: str, name: str, keep: bool, write: Write) -> bool:
         """Read (and follow) the file in-process."""
-        return hostops.follow(hostops.jobs_root(), job_id, name, keep, write)
+        return hostops.follow(local_root(), job_id, name, keep, write)
 
     def start_supervisor(self, job_id: str, record: str, env: Mapping[str, str]) -> str:
         """This interpreter, ``-m poprun_py supervise``, in a session of its own."""
@@ -118,6 +121,8 @@ class RemoteJobHost:
         result = self.conn.run([*_hostops_argv(), op, *args])
         if result.exit_code == hostops.NO_SUCH_JOB:
             return None
+        if result.exit_code == hostops.UNSAFE_ROOT:
+            raise _unsafe(self.name, result.stderr.strip().removeprefix("poprun-py: "))
         if result.exit_code != 0:
             raise BackendError(f"{self.name}: {op} failed: {result.stderr.strip()[-300:]}")
         return json.loads(result.stdout)
@@ -145,12 +150,47 @@ class RemoteJobHost:
         return _check_started(self.name, result.exit_code, result.stdout, result.stderr)
 
 
+def local_root() -> str:
+    """This machine's root of detached jobs, checked (PreflightError, exit 3, when another
+    user could tamper with it)."""
+    from poprun_py.process.private import UnsafePath
+
+    try:
+        return hostops.checked_root(hostops.jobs_root())
+    except UnsafePath as exc:
+        raise _unsafe("localhost", str(exc)) from None
+
+
+def _unsafe(host: str, why: str) -> PreflightError:
+    from poprun_py.errors import Fault
+
+    return PreflightError([Fault(host, "job root", why)])
+
+
 def _hostops_argv() -> list[str]:
-    return ["sh", "-c", HOSTOPS_START, _hostops_source()]
+    return ["sh", "-c", HOSTOPS_START, hostops_source()]
 
 
-def _hostops_source() -> str:
-    return Path(hostops.__file__).read_text(encoding="utf-8")
+HOSTOPS_INLINED = ("poprun_py.process.private",)
+"""The modules ``hostops`` imports, inlined when it ships (the host has no poprun_py)."""
+
+
+@functools.cache
+def hostops_source() -> str:
+    """``hostops``'s source with each :data:`HOSTOPS_INLINED` import replaced by the module's
+    code, as it runs on a host (``python3 -S -c``)."""
+    import importlib
+
+    source = Path(hostops.__file__).read_text(encoding="utf-8")
+    for name in HOSTOPS_INLINED:
+        module = importlib.import_module(name)
+        body = Path(str(module.__file__)).read_text(encoding="utf-8")
+        body = body.replace("from __future__ import annotations\n", "")
+        head, found, tail = source.partition(f"from {name} import (")
+        if not found:
+            raise RuntimeError(f"poprun_py/jobs/hostops.py no longer imports {name}")
+        source = head + body + tail.partition(")\n")[2]
+    return source
 
 
 def _check_started(host: str, code: int, out: str, err: str) -> str:

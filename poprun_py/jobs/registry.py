@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from poprun_py.process import private
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -50,8 +52,7 @@ def state_root() -> Path:
 
 def save(entry: Entry, root: Path | None = None, cluster_text: str | None = None) -> None:
     """Write ``entry`` (and a copy of its cluster spec) privately."""
-    where = root or state_root()
-    where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    where = Path(private.private_dir(str(root or state_root())))
     if cluster_text is not None:
         write_private(where / f"{entry.id}.yaml", cluster_text)
     write_private(where / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
@@ -87,9 +88,19 @@ def _entry(data: dict[str, Any]) -> Entry:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically, mode 0600 (a reader sees old or new)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    """Replace ``path`` with ``text`` atomically, mode 0600 (a reader sees old or new; two
+    writers never collide): :func:`poprun_py.process.private.write_private`."""
+    private.write_private(str(path), text)
+
+
+def remove(job_id: str, root: Path | None = None) -> bool:
+    """Forget ``job_id`` (its entry and its copy of the cluster spec); True if it was known."""
+    where = root or state_root()
+    found = False
+    for suffix in (".json", ".yaml"):
+        try:
+            (where / f"{job_id}{suffix}").unlink()
+            found = found or suffix == ".json"
+        except FileNotFoundError:
+            pass
+    return found

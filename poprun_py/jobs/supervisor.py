@@ -1,7 +1,8 @@
 """A detached job's supervisor: it detaches itself from the client, runs the job, records it.
 
 ``python -m poprun_py supervise ID`` reads the job's record (:mod:`~poprun_py.jobs.record`)
-on stdin, makes the job's directory (``hostops.jobs_root()/ID``, mode 0700) and forks. The
+on stdin, makes the job's directory (``hostops.jobs_root()/ID``, mode 0700, under a job root
+checked to be this user's: :mod:`poprun_py.process.private`) and forks. The
 child starts a session of its own (no terminal, no SIGHUP from the client's end), points its
 stdin at /dev/null and its stdout and stderr at ``output.log`` -- so that file holds exactly
 what an attached launch prints, tagged the same way -- and runs the job with every rule of an
@@ -36,6 +37,7 @@ from poprun_py.jobs import hostops
 from poprun_py.jobs.place import READY
 from poprun_py.jobs.record import JobRecord, check_job_id, ended, from_json, running, to_json
 from poprun_py.jobs.registry import write_private
+from poprun_py.process import private
 
 if TYPE_CHECKING:
     from poprun_py.prepare.job import LaunchOptions
@@ -79,8 +81,7 @@ def detach_and_run(job_id: str, job: Callable[[Recorder], None]) -> int:
     (``os._exit``), the parent returns the exit code for the client (0: running)."""
     check_job_id(job_id)
     record = from_json(sys.stdin.read())
-    job_dir = Path(hostops.jobs_root()) / job_id
-    job_dir.mkdir(parents=True, mode=0o700)  # a second supervisor for one id fails here
+    job_dir = _make_job_dir(job_id)
     read_fd, write_fd = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -110,6 +111,20 @@ def detach_and_run(job_id: str, job: Callable[[Recorder], None]) -> int:
         os._exit(code)
 
 
+def _make_job_dir(job_id: str) -> Path:
+    """The job's new directory (a second supervisor for one id fails here); PreflightError
+    (exit 3) when another user could tamper with the root."""
+    from poprun_py.errors import Fault, PreflightError
+
+    try:
+        root = private.private_dir(hostops.jobs_root())
+    except private.UnsafePath as exc:
+        raise PreflightError([Fault(os.uname().nodename, "job root", str(exc))]) from None
+    job_dir = Path(root) / job_id
+    job_dir.mkdir(mode=0o700)
+    return job_dir
+
+
 def launch_options(recorder: Recorder) -> LaunchOptions:
     """The launch's options as the client resolved them, for planning the job on this host:
     in the client's working directory (when it exists here), with the cluster spec at its
@@ -136,9 +151,7 @@ def spec_here(recorder: Recorder, path: str | None, key: str) -> str | None:
         return path
     copy = recorder.job_dir / f"{key}.yaml"
     if not copy.exists():
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        private.write_private(str(copy), text)
     return str(copy)
 
 
@@ -146,7 +159,7 @@ def _detach(log: Path) -> None:
     """A session of its own; stdin from /dev/null, stdout and stderr to ``log``."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out = private.open_private(str(log))
     os.dup2(null, 0)
     os.dup2(out, 1)
     os.dup2(out, 2)

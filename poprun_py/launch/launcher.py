@@ -35,6 +35,7 @@ from poprun_py.backends.session import ssh_settings
 from poprun_py.core.plan import LaunchPlan
 from poprun_py.core.topology import Topology
 from poprun_py.prepare.job import Prepared
+from poprun_py.process import private
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control, Policy, fail_fast, handling_signals
 from poprun_py.render.job import RenderedJob
@@ -51,26 +52,20 @@ __all__ = [
 ]
 
 
-def _user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry, no LOGNAME: the uid names the user
-        return str(os.getuid())
+JOBS_ROOT = f"{private.job_root()}/jobs"
+"""Where job directories go without ``--output-dir``: this user's job root, keyed on the uid
+and checked before use (:mod:`poprun_py.process.private`), the same path on every host."""
 
 
-JOBS_ROOT = f"/tmp/poprun-py-{_user()}/jobs"
-"""Where job directories go without ``--output-dir``: one tree per user (a tree another user
-made first would not be writable), the same path on every host."""
-
-
-def job_dir_for(plan: LaunchPlan, output_dir: str | None) -> str:
-    """Where a job's files (shard lists, hostfile) go: ``--output-dir`` or a fresh temp dir."""
+def job_dir_for(plan: LaunchPlan, output_dir: str | None, backend: str = "") -> str:
+    """Where a job's files (shard lists, hostfile) go: ``--output-dir`` or a fresh directory
+    under the job root (the local backend's, whose files stay here: under
+    ``$XDG_RUNTIME_DIR`` where there is one)."""
     if output_dir:
         return str(Path(output_dir).resolve())
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{JOBS_ROOT}/{plan.cluster.name}-{stamp}-{os.getpid()}"
+    root = private.runtime_root() if backend == "local" else private.job_root()
+    return f"{root}/jobs/{plan.cluster.name}-{stamp}-{os.getpid()}"
 
 
 def render(
@@ -103,7 +98,7 @@ def render_for_show(prep: Prepared, output_dir: str | None) -> RenderedJob:
     """What ``render`` and ``--dry-run`` print: rendered with the topologies known without
     contacting any host."""
     backend = get_backend(prep.backend)
-    job_dir = job_dir_for(prep.plan, output_dir)
+    job_dir = job_dir_for(prep.plan, output_dir, prep.backend)
     return render(prep, job_dir, backend.known_topologies(prep), backend)
 
 
@@ -135,6 +130,7 @@ def launch(
 
     backend = backend or get_backend(prep.backend)
     control = Control(policy)
+    used: list[str] = []  # the job directory, once chosen
     try:
         with handling_signals(control), contextlib.ExitStack() as sessions:
 
@@ -145,7 +141,8 @@ def launch(
                 return replace(run_options(p, settings), attempt=k, progress=progress)
 
             def job_dir(p: Prepared) -> str:
-                return job_dir_for(p.plan, settings.output_dir)
+                used.append(job_dir_for(p.plan, settings.output_dir, p.backend))
+                return used[-1]
 
             def sync_paths(p: Prepared) -> list[str]:
                 return [sync_root(p.plan)]
@@ -160,9 +157,22 @@ def launch(
                 job_dir,
                 sync_paths if settings.sync else None,
             )
-            return attempts.run(prep)
+            return _tidied(attempts.run(prep), used, settings)
     finally:
         control.close()
+
+
+def _tidied(result: LaunchResult, used: list[str], settings: RunSettings) -> LaunchResult:
+    """A successful job's directory is removed (unless ``--output-dir`` or ``--keep-job-dir``);
+    the result names a directory left behind."""
+    from poprun_py.process.output import remove_job_dir
+
+    if not used:
+        return result
+    if result.ok and not settings.output_dir and not settings.keep_job_dir:
+        remove_job_dir(used[-1])
+        return result
+    return replace(result, job_dir=used[-1])
 
 
 def sync_root(plan: LaunchPlan) -> str:

@@ -1,6 +1,10 @@
 """Where instances' output goes, and the job's files: per-instance logs, ``--only-output-from``,
 the ``[host:index]`` sink, line splitting, and the private shard and job files.
 
+Every line reaches its log (mode 0600) as it arrives, unbuffered: a log is complete up to the
+last line even when the launcher is killed. Job files go through
+:mod:`poprun_py.process.private` (the job root's owner is checked, nothing follows a symlink).
+
 Example:
 
     >>> from poprun_py.backends.result import RunOptions
@@ -16,12 +20,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from poprun_py.backends.result import OutputSink, RunOptions
-from poprun_py.errors import UsageError
+from poprun_py.errors import Fault, PreflightError, UsageError
+from poprun_py.process import private
 from poprun_py.process.progress import MARKERS
 
 if TYPE_CHECKING:
@@ -50,43 +54,75 @@ def prefixed_sink(hosts: Mapping[int, str], launcher: str = "launcher") -> Outpu
 
 class Output:
     """Routes output lines: to ``output_dir/instance-<N>.log`` (raw, unprefixed; launcher lines
-    to ``output_dir/<launcher>.log``) and to the sink. With ``only_output_from`` set, stdout of
-    other instances is not shown; stderr and launcher lines always are."""
+    to ``output_dir/<launcher>.log``), written as they come, and to the sink. With
+    ``only_output_from`` set, stdout of other instances is not shown; stderr and launcher lines
+    always are."""
 
     def __init__(self, options: RunOptions, hosts: Mapping[int, str], launcher: str = "launcher"):
         self._only = options.only_output_from
         self._sink = options.sink or prefixed_sink(hosts, launcher)
-        self._logs: dict[int, IO[bytes]] = {}
+        self._logs: dict[int, int] = {}  # index -> the log's file descriptor
         self._dir = options.output_dir
         self._launcher = launcher
         self._progress = options.progress
-        self._mode = "ab" if options.attempt else "wb"  # a restart's logs follow the last's
+        self._append = bool(options.attempt)  # a restart's logs follow the last's
         if self._dir is not None:
-            Path(self._dir).mkdir(parents=True, exist_ok=True)
+            _logs_dir(str(self._dir))
             for index in hosts:
-                self._logs[index] = (Path(self._dir) / f"instance-{index}.log").open(self._mode)
+                self._logs[index] = self._open(f"instance-{index}.log")
+
+    def _open(self, name: str) -> int:
+        path = os.path.join(str(self._dir), name)
+        try:
+            return private.open_private(path, append=self._append)
+        except OSError as exc:
+            self.close()
+            raise UsageError(f"cannot write the log {path}: {exc.strerror or exc}") from None
 
     def emit(self, index: int, stream: str, line: bytes) -> None:
         """One line (without its newline) from instance ``index`` on ``stream``; poprun-py's
         progress markers (:mod:`poprun_py.process.progress`) are swallowed."""
+        self.emit_lines(index, stream, (line,))
+
+    def emit_lines(self, index: int, stream: str, lines: Sequence[bytes]) -> None:
+        """Several lines of one stream: one write to the log, then each to the sink."""
         if self._progress is not None:
-            self._progress.seen(index, line)
-        if line[:2] == b"\x1b[" and line.rstrip(b"\r") in MARKERS:
+            for line in lines:
+                self._progress.seen(index, line)
+        kept = [x for x in lines if x[:2] != b"\x1b[" or x.rstrip(b"\r") not in MARKERS]
+        if not kept:
             return
         log = self._logs.get(index)
         if log is None and index == LAUNCHER_INDEX and self._dir is not None:
-            log = self._logs[index] = (Path(self._dir) / f"{self._launcher}.log").open(self._mode)
+            log = self._logs[index] = self._open(f"{self._launcher}.log")
         if log is not None:
-            log.write(line + b"\n")
+            _write_all(log, b"".join(x + b"\n" for x in kept))
         if stream == "stdout" and self._only is not None and index not in (self._only, -1):
             return
-        self._sink(index, stream, line.decode("utf-8", "replace"))
+        for line in kept:
+            self._sink(index, stream, line.decode("utf-8", "replace"))
 
     def close(self) -> None:
-        """Flush and close every log file."""
+        """Close every log file (each is complete already)."""
         for log in self._logs.values():
-            log.close()
+            os.close(log)
         self._logs.clear()
+
+
+def _logs_dir(path: str) -> None:
+    """Make (or check) the logs' directory; its faults are bad input or preflight's."""
+    try:
+        private.private_dir(path)
+    except private.UnsafePath as exc:
+        raise PreflightError([Fault("localhost", "logs directory", str(exc))]) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write the logs to {path}: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class LineFeed:
@@ -99,8 +135,8 @@ class LineFeed:
     def feed(self, data: bytes) -> None:
         """Emit every complete line; keep the tail (emitted anyway once it grows too long)."""
         *lines, self._pending = (self._pending + data).split(b"\n")
-        for line in lines:
-            self._output.emit(self._index, self._stream, line)
+        if lines:
+            self._output.emit_lines(self._index, self._stream, lines)
         if len(self._pending) > _MAX_LINE:
             self._output.emit(self._index, self._stream, self._pending)
             self._pending = b""
@@ -115,7 +151,9 @@ class LineFeed:
 def write_job_files(job: RenderedJob) -> None:
     """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700).
 
-    UsageError (exit 2, nothing started) when the job directory cannot be written."""
+    PreflightError (exit 3, nothing started) when another user could tamper with the job
+    directory (e.g. owns the job root, see :mod:`poprun_py.process.private`); UsageError
+    (exit 2) when it cannot be written."""
     root = job.job_dir
     made: set[str] = set()
     try:
@@ -124,6 +162,8 @@ def write_job_files(job: RenderedJob) -> None:
                 _write_private(os.path.join(root, inst.shard_file), inst.shard_text, made)
         for name, text in job.files.items():
             _write_private(os.path.join(root, name), text, made)
+    except private.UnsafePath as exc:
+        raise PreflightError([Fault("localhost", "job directory", str(exc))]) from None
     except OSError as exc:
         raise UsageError(f"cannot write the job files to {root}: {exc.strerror or exc}") from None
 
@@ -131,13 +171,20 @@ def write_job_files(job: RenderedJob) -> None:
 def _write_private(path: str, text: str, made: set[str]) -> None:
     parent = os.path.dirname(path)
     if parent not in made:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
+        private.private_dir(parent)
         made.add(parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    private.write_private(path, text, durable=False)  # rewritten by every launch
+
+
+def remove_job_dir(path: str) -> bool:
+    """Remove a job's directory (a successful job's, not given with ``--output-dir``); True
+    once it is gone. Never follows a symlink out of it."""
+    import shutil
+
     try:
-        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that already existed
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
+        if os.path.islink(path) or not os.path.isdir(path):
+            return False
+        shutil.rmtree(path)
+    except OSError:
+        return False
+    return True

@@ -28,12 +28,12 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import ProvisionError, UsageError
+from poprun_py.process import private
 from poprun_py.providers.records import ProvisionRecord
 
 STATE_ENV = "POPRUN_PY_STATE_DIR"
@@ -58,19 +58,9 @@ def check_cluster_name(name: str) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600 (tmp file + os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` to ``path`` atomically with mode 0600, its directory made 0700
+    (:func:`poprun_py.process.private.write_private`)."""
+    private.write_private(private.private_dir(str(path.parent)) + "/" + path.name, text)
 
 
 @dataclass(frozen=True)

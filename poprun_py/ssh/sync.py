@@ -147,10 +147,12 @@ def sync(
     progress: ProgressFn | None = None,
     *,
     method: str = "auto",
+    timeout: float | None = None,
 ) -> SyncReport:
     """Push ``paths`` to every host of ``pool`` in parallel; see the module docstring.
 
-    ``method`` is ``auto`` (rsync where both ends have it), ``rsync`` or ``sftp``. Raises
+    ``method`` is ``auto`` (rsync where both ends have it), ``rsync`` or ``sftp``; an rsync
+    still running ``timeout`` seconds after the start is stopped (that host fails). Raises
     PreflightError naming every host that could not be reached or written.
     """
     if method not in METHODS:
@@ -162,6 +164,7 @@ def sync(
     total = sum(e.size for e in entries if e.kind == "file")
     parents = sorted({posixpath.dirname(destination(p, dest)) for p in paths})
     use_rsync = method != "sftp" and shutil.which("rsync") is not None
+    deadline = None if timeout is None else time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="poprun-sync-") as tmp:
         config = write_ssh_config(Path(tmp), list(conns.values())) if use_rsync else None
 
@@ -169,7 +172,7 @@ def sync(
             started = time.monotonic()
             if _remote_rsync(conn, parents, method, use_rsync) and config is not None:
                 argv = rsync_argv(config, conn.name, paths, dest)
-                sent = _rsync(argv, conn.name, total, progress)
+                sent = _rsync(argv, conn.name, total, progress, deadline)
                 return HostSync(conn.name, "rsync", *sent, time.monotonic() - started)
             sent = _sftp_push(conn, parents, entries, total, progress)
             return HostSync(conn.name, "sftp", *sent, time.monotonic() - started)
@@ -294,37 +297,99 @@ def rsync_argv(config: Path, host: str, paths: Sequence[str], dest: str | None) 
 
 
 def _rsync(
-    argv: Sequence[str], host: str, total: int, progress: ProgressFn | None
+    argv: Sequence[str],
+    host: str,
+    total: int,
+    progress: ProgressFn | None,
+    deadline: float | None = None,
 ) -> tuple[int, int]:
-    """Run rsync; count the files it sent (``<f`` items) and their bytes."""
-    files = sent = 0
+    """Run rsync; count the files it sent (``<f`` items) and their bytes. Its stdout and stderr
+    are read together (rsync blocks once a pipe nobody reads is full), until ``deadline``
+    (``time.monotonic()``; rsync is killed then)."""
+    counter = _Sent(host, total, progress)
+    err = _Tail()
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
     assert proc.stdout is not None and proc.stderr is not None
     with proc, _running(proc):
-        for line in proc.stdout:
-            flags, _, rest = line.partition(" ")
-            if flags.startswith("<f"):  # a file sent to the host
-                files += 1
-                sent += int(rest.split(" ", 1)[0] or 0)
-                if progress:
-                    progress(host, min(sent, total), total)
-        err = proc.stderr.read()
+        finished = _drain(
+            {proc.stdout.fileno(): counter.feed, proc.stderr.fileno(): err.feed}, deadline
+        )
+        if not finished:
+            proc.kill()
+        proc.wait()
+    if not finished:
+        raise BackendError(f"rsync to {host} did not finish in time (it was stopped)")
     if proc.returncode != 0:
-        last = (err.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        last = (err.text().strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise BackendError(f"rsync to {host} failed: {last}")
     if progress:
         progress(host, total, total)
-    return files, sent
+    return counter.files, counter.sent
 
 
-_RSYNCS: set[subprocess.Popen[str]] = set()
+def _drain(readers: dict[int, Callable[[bytes], None]], deadline: float | None) -> bool:
+    """Read every fd in ``readers`` to its end, each chunk to its reader; False once
+    ``deadline`` passed first."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        for fd in readers:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return False
+            for key, _ in sel.select(wait):
+                data = os.read(key.fd, 65536)
+                if data:
+                    readers[key.fd](data)
+                else:
+                    sel.unregister(key.fd)
+    return True
+
+
+class _Sent:
+    """rsync's ``--out-format`` lines: the files sent (``<f`` items) and their bytes."""
+
+    def __init__(self, host: str, total: int, progress: ProgressFn | None):
+        self.host, self.total, self.progress = host, total, progress
+        self.files = self.sent = 0
+        self._rest = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        for line in lines:
+            flags, _, rest = line.decode("utf-8", "replace").partition(" ")
+            if flags.startswith("<f"):  # a file sent to the host
+                self.files += 1
+                self.sent += int(rest.split(" ", 1)[0] or 0)
+                if self.progress:
+                    self.progress(self.host, min(self.sent, self.total), self.total)
+
+
+class _Tail:
+    """The last 64 KiB of a stream (rsync's errors: the last line is the one shown)."""
+
+    KEEP = 1 << 16
+
+    def __init__(self) -> None:
+        self._data = b""
+
+    def feed(self, data: bytes) -> None:
+        self._data = (self._data + data)[-self.KEEP :]
+
+    def text(self) -> str:
+        return self._data.decode("utf-8", "replace")
+
+
+_RSYNCS: set[subprocess.Popen[bytes]] = set()
 _RSYNCS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _running(proc: subprocess.Popen[str]) -> Iterator[None]:
+def _running(proc: subprocess.Popen[bytes]) -> Iterator[None]:
     """Track a running rsync, so an interrupted sync can stop it (see :func:`stop_rsyncs`)."""
     with _RSYNCS_LOCK:
         _RSYNCS.add(proc)
