@@ -194,8 +194,11 @@ def test_bad_input_exits_2_with_one_line(
     assert not marker.exists()
 
 
-def test_launch_without_program() -> None:
+def test_launch_without_program(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["launch", "-H", "localhost"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "poprun-py: error: launch needs a PROGRAM to run\n", captured.err
+    assert captured.out == ""
 
 
 def test_real_process_prints_one_line_no_traceback(workdir: Path) -> None:

@@ -4,6 +4,7 @@ the plan's "changes nothing" rule, and the numactl preflight check for templates
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -115,13 +116,48 @@ def test_spawner_binds_posix_spawn_and_popen_children_and_restores_itself() -> N
 # ---------------------------------------------------------------- the agent's copy
 
 
-def test_the_agent_ships_the_binding_module_inlined_and_runs_on_old_pythons() -> None:
+def test_the_agent_ships_the_binding_module_inlined_and_parses_as_python_3_7() -> None:
     source = inline_modules(Path(remote_agent.__file__).read_bytes())
     assert b"from poprun_py" not in source and b"def bound(" in source
     assert source.count(b"from __future__ import annotations") == 1
     tree = ast.parse(source, feature_version=(3, 7))  # the agent runs on any Python 3.7+
     assert any(isinstance(n, ast.FunctionDef) and n.name == "set_mempolicy" for n in tree.body)
     assert agent_payload()[1].endswith(source)
+
+
+BIND_ON_OLD_PYTHON = """
+import json, os, sys
+exec(compile(sys.stdin.read(), "agent", "exec"))
+cpu = min(os.sched_getaffinity(0))
+with bound([cpu], [0]):
+    inside = sorted(os.sched_getaffinity(0)), list(get_mempolicy())
+print(json.dumps({"cpu": cpu, "inside": inside, "after": list(get_mempolicy())}))
+"""
+
+
+@pytest.mark.old_pythons
+@pytest.mark.parametrize("version", ["3.7", "3.8"])
+def test_the_agents_inlined_binding_runs_on_old_pythons(version: str, tmp_path: Path) -> None:
+    """The shipped agent source (binding inlined) run by a host's old Python binds for real:
+    the CPU and MPOL_BIND to node 0 inside ``bound``, the default policy again after it."""
+    from tests.integration.test_host_tools import old_python
+
+    python = str(old_python(version))
+    assert Path("/sys/devices/system/node/node0").is_dir(), "NUMA node 0 is missing"
+    source = inline_modules(Path(remote_agent.__file__).read_bytes()).decode()
+    out = subprocess.run(
+        [python, "-S", "-I", "-c", BIND_ON_OLD_PYTHON],
+        input=source.replace('if __name__ == "__main__":\n    main()', ""),
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["inside"] == [[got["cpu"]], [MPOL_BIND, [0]]]
+    assert got["after"] == [MPOL_DEFAULT, []]
 
 
 def test_the_agent_source_alone_runs_without_poprun_py(tmp_path: Path) -> None:
