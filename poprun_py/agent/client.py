@@ -16,6 +16,14 @@ Example::
         agents = AgentPool(pool)
         report = preflight(agents, plan)        # checks run by the agents
         stage_job(agents, job)                  # the job's files, through the same agents
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from pathlib import Path
+    >>> from poprun_py.agent import host
+    >>> source = inline_modules(Path(host.__file__).read_bytes())  # what travels to a host
+    >>> b"from poprun_py" in source, b"def bound(" in source
+    (False, True)
 """
 
 from __future__ import annotations

@@ -29,6 +29,17 @@ Example::
     with relayed(agents, job, grace=5.0) as relay:
         run = supervise_launcher(job, {**job.launcher_env, **relay.environ}, ...)
     relay.lost          # {"h3": Lost("host h3 stopped answering (3.1 s ...)", 1712.5)}
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.render.job import render_job
+    >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"))
+    >>> plan = make_plan(cluster, JobSpec(("prog",), replicas=2, instances=2))
+    >>> host_names(render_job(plan, "mpirun", job_dir="/tmp/j"))  # Open MPI's name -> host
+    {'h1': 'h1', 'h2': 'h2'}
 """
 
 from __future__ import annotations

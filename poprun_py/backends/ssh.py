@@ -32,6 +32,20 @@ Example::
         agents = AgentPool(pool)
         report = preflight(agents, plan)        # checks run by the agents
         result = SshBackend(agents).run(job, RunOptions(output_dir=Path("logs")))
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.agent.client import Timing
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.render.job import render_job
+    >>> cluster = cluster_from_hosts(parse_hosts("h1,h2"))
+    >>> plan = make_plan(cluster, JobSpec(("prog",), replicas=2, instances=2))
+    >>> job = render_job(plan, "ssh", job_dir="/tmp/j")
+    >>> header = _host_header(job, "h2", "run-1", Timing(5.0, 0.5, 5.0, 10.0))  # h2's job line
+    >>> [(i["index"], i["argv"]) for i in header["instances"]]
+    [(1, ['prog'])]
 """
 
 from __future__ import annotations

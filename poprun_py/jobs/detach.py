@@ -20,6 +20,14 @@ Example::
 
     record = detach(prep, DetachOptions(output_dir=None, sync=False))
     print(record.id)        # c-20261201-120000-ab12
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.prepare.job import LaunchOptions, prepare
+    >>> options = LaunchOptions(hosts="h1", program=("t",), env=("TOKEN",))
+    >>> prep = prepare(options, environ={"TOKEN": "s3"})
+    >>> secrets(prep)  # only for the supervisor's environment: never on disk nor in an argv
+    {'TOKEN': 's3'}
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ Example::
     with remote_job_host(host_spec, ssh_settings) as host:
         host.call("list")                     # every job record there, each with "alive"
         host.follow("c-20261201-1200-ab12", "output.log", True, sys.stdout.buffer.write)
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> source = hostops_source()  # what a remote host's python3 -S runs for jobs/logs/stop
+    >>> "from poprun_py" in source, READY
+    (False, 'poprun-py-supervisor: running')
 """
 
 from __future__ import annotations

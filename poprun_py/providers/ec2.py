@@ -11,6 +11,11 @@ Example::
     session = Ec2Session(default_client(cfg), cfg, poll=2.0, reporter=r, state=state)
     record = session.create()                 # key pair, group, placement group, instances
     removed = session.terminate(record.resources)
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> _index({"Tags": [{"Key": "poprun-py:node", "Value": "3"}]}), _index({"Tags": []})
+    (3, 0)
 """
 
 from __future__ import annotations

@@ -13,6 +13,12 @@ Example (as root, with the local provider)::
     result = up(load_cluster("clusters/testhosts-4.yaml"))
     print(result.inventory)       # ~/.local/state/poprun-py/clusters/testhosts-4.inventory.yaml
     down(load_cluster("clusters/testhosts-4.yaml"))
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.core.spec import ClusterSpec, HostSpec
+    >>> provider_for(ClusterSpec(name="c", hosts=(HostSpec("h1"),))).name  # no provider block
+    'static'
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ Example::
     provider: {kind: local, num_nodes: 2, host_prefix: pa}
     setup: |
       python3 --version
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.core.spec import ClusterSpec, ProviderSpec
+    >>> local = ProviderSpec(kind="local", num_nodes=2, host_prefix="pa")
+    >>> _shape(ClusterSpec(name="pa", hosts=(), provider=local))  # hosts pa1, pa2
+    (2, 'pa')
 """
 
 from __future__ import annotations

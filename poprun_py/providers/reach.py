@@ -12,6 +12,19 @@ Example::
                  accept_new_host_keys=True, timeout=600)
     outcomes = on_each_host(record.host_specs(), ssh_settings(known_hosts=...),
                             lambda conn, host: conn.run(["hostname"]).stdout)
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.core.spec import HostSpec
+    >>> hosts = [HostSpec("n1"), HostSpec("n2")]
+    >>> wait_for_ssh(hosts, known_hosts=None, timeout=5, probe=lambda host: None)  # all answer
+    >>> def probe(host):  # the real one runs `true` over SSH; raising means "not yet"
+    ...     if host.name == "n2":
+    ...         raise OSError("connection refused")
+    >>> wait_for_ssh(hosts, known_hosts=None, timeout=0.2, interval=0.05, probe=probe)
+    Traceback (most recent call last):
+    ...
+    poprun_py.errors.ProvisionError: n2 did not answer SSH within 0.2s: connection refused
 """
 
 from __future__ import annotations

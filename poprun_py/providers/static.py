@@ -14,6 +14,12 @@ Example::
         user: train
     setup: |
       pip install -r requirements.txt
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.core.spec import HostSpec
+    >>> _node(HostSpec("h1", address="10.0.0.1", user="ubuntu"))  # nothing is created
+    Node(name='h1', address='10.0.0.1', ...)
 """
 
 from __future__ import annotations
