@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -82,12 +83,18 @@ def processes(marker: str) -> str:
     return found.stdout
 
 
+def hosts_home() -> Path:
+    """The home of the test hosts' login user, root, where setup keeps its markers (the hosts
+    share this machine's users and filesystem): not the runner's $HOME, which may be another's."""
+    return Path(pwd.getpwnam("root").pw_dir)
+
+
 def assert_all_gone(name: str) -> None:
     assert namespaces(name) == []
     assert processes(f"testhosts/{name}/") == ""  # the sshds' command lines name the cluster
     assert f"testhosts {name}" not in Path("/etc/hosts").read_text()
     assert name not in list_clusters()
-    assert not (Path.home() / MARKER_ROOT / name).exists()
+    assert not (hosts_home() / MARKER_ROOT / name).exists()
 
 
 def hostnames(inventory: Path) -> dict[str, str]:
@@ -239,7 +246,7 @@ def test_static_provider_sets_up_and_cleans_only_its_own_files(
     assert [o.ran for o in result.setup] == [True, True]
     assert sorted((tmp_path / "log").read_text().split()) == sorted(cluster.host_names)
     assert [o.ran for o in up(spec).setup] == [False, False]
-    marker = Path.home() / MARKER_ROOT / name
+    marker = hosts_home() / MARKER_ROOT / name
     assert sorted(p.name for p in marker.iterdir()) == sorted(cluster.host_names)
     removed = down(spec).removed
     assert [r.kind for r in removed] == ["setup-dir", "setup-dir"]
@@ -311,7 +318,7 @@ def test_up_and_down_take_the_ssh_options_every_remote_command_takes(
     flags = ["--ssh-config", str(cluster.ssh_config), "--connect-timeout", "5"]
     went_up = run([*argv, "up", str(spec), *flags])
     assert went_up.returncode == 0, went_up.stderr
-    marker = Path.home() / MARKER_ROOT / name  # the hosts share this machine's filesystem
+    marker = hosts_home() / MARKER_ROOT / name  # the hosts share this machine's filesystem
     assert sorted(p.name for p in marker.iterdir()) == sorted(cluster.host_names)
     went_down = run([*argv, "down", str(spec), *flags])
     assert went_down.returncode == 0, went_down.stderr
@@ -472,5 +479,5 @@ def test_one_key_detached_on_static_hosts_cleans_them_from_the_first_host(
     waited = cli("wait", job_id)
     assert waited.returncode == 0, waited.stderr
     assert f"cluster {name} is down" in cli("logs", job_id).stdout
-    assert not (Path.home() / MARKER_ROOT / name).exists()  # cleaned by the supervisor
+    assert not (hosts_home() / MARKER_ROOT / name).exists()  # cleaned by the supervisor
     assert all(host_pids(h.netns) for h in cluster.hosts)  # the machines themselves stay
