@@ -48,6 +48,7 @@ def until(check: object, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.requires("pkill")
 def test_a_sigkilled_launcher_leaves_logs_with_every_line_so_far(tmp_path: Path) -> None:
     marker = f"{40 + uuid.uuid4().int % 1000 / 997:.6f}"
     logs = tmp_path / "logs"

@@ -198,6 +198,7 @@ def test_rsync_errors_beyond_a_pipe_full_do_not_hang_sync() -> None:
     assert str(outcome[0]) == "rsync to h1 failed: last line"
 
 
+@pytest.mark.requires("pgrep")
 def test_an_rsync_past_the_deadline_is_stopped() -> None:
     marker = f"{30 + uuid.uuid4().int % 1000 / 997:.6f}"
     started = time.monotonic()
