@@ -341,8 +341,10 @@ def test_checks_for_plan_finds_interpreter_and_script() -> None:
     )
     assert checks.numactl_hosts == frozenset({"h1", "h2"})
     assert checks_for_plan(plan_for(("python3", "-m", "pkg.train"))).files == ()
+    # a script named by path runs as it is (prepare has already put a non-executable .py
+    # under the instance's Python: prepare/program.py), so the check looks for the command
     script = checks_for_plan(plan_for(("./train.py",), numa=False))
-    assert script.commands == ("python3", "./train.py") and script.files == ("./train.py",)
+    assert script.commands == ("./train.py",) and script.files == ()
     assert script.numactl_hosts == frozenset()
     assert checks_for_plan(plan_for(("hostname",))).commands == ("hostname",)
 
