@@ -163,6 +163,12 @@ def unique_sleep() -> str:
     return f"{40 + uuid.uuid4().int % 10**6 / 10**6:.6f}"
 
 
+def unique_digits() -> str:
+    """Nine digits no other session's marker has (a uuid's), for markers such as
+    ``sleep 42<digits>.5`` that pgrep finds and a clean-up may SIGKILL."""
+    return f"{uuid.uuid4().int % 10**9:09d}"
+
+
 def left_behind(marker: str) -> list[str]:
     """Processes whose command line contains ``marker`` (there must be none after a run).
     Without pgrep the test skips, naming procps (mark it ``requires("pgrep")`` to skip first)."""

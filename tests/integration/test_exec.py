@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from tests.integration.helpers import unique_digits
 
 pytestmark = pytest.mark.hosts
 
@@ -130,7 +131,7 @@ def test_arguments_arrive_byte_for_byte(test_cluster_4: TestCluster):
 
 
 def test_timeout_exits_124_and_leaves_nothing(test_cluster_4: TestCluster):
-    mark = f"sleep 42{os.getpid() % 100}.5"
+    mark = f"sleep 42{unique_digits()}.5"
     proc = run(cli(test_cluster_4, "--timeout", "1", "--", "sh", "-c", f"{mark} & {mark}; wait"))
     assert proc.returncode == 124
     assert len(proc.stderr.splitlines()) == 4
@@ -140,7 +141,7 @@ def test_timeout_exits_124_and_leaves_nothing(test_cluster_4: TestCluster):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_stops_every_host_and_exits_130(test_cluster_4: TestCluster, sig: int):
-    mark = f"sleep 43{os.getpid() % 100}.{sig}"
+    mark = f"sleep 43{unique_digits()}.{sig}"
     proc = subprocess.Popen(
         cli(test_cluster_4, "--", "sh", "-c", f"{mark} & {mark}; wait"),
         cwd=ROOT,

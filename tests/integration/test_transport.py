@@ -21,7 +21,7 @@ from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.errors import RemoteTimeout
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
-from tests.integration.helpers import sshd_log_count
+from tests.integration.helpers import sshd_log_count, unique_digits
 
 pytestmark = pytest.mark.hosts
 
@@ -230,7 +230,7 @@ def test_wrong_user_refused_key_and_unreachable_address_are_one_line_each(
 
 def test_timeout_stops_the_remote_process_group(test_cluster_4: TestCluster):
     hosts, settings = by_name(test_cluster_4)
-    mark = f"sleep 41{os.getpid() % 100}.25"
+    mark = f"sleep 41{unique_digits()}.25"
     with ConnectionPool(hosts[:1], settings) as pool:
         conn = pool.open_all()[hosts[0].name]
         started = time.monotonic()

@@ -20,7 +20,7 @@ from poprun_py.core.shard import InputSet
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import uniform
 from poprun_py.render.display import format_job
-from poprun_py.render.job import render_job
+from poprun_py.render.job import RenderedJob, render_job
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 JOB_DIR = "/tmp/poprun-job"
@@ -112,11 +112,31 @@ def test_rendered_commands_match_the_golden_file(cluster: str, case: str) -> Non
     assert ("appfile" in job.files) == bool(appfile)
     text = format_job(job)
     path = GOLDEN_DIR / f"{cluster}-{case}.txt"
+    before = path.read_text() if path.exists() else None
     if os.environ.get("UPDATE_GOLDEN") == "1":
+        # never under CI: a rewritten golden file would bless whatever the code renders now
+        assert os.environ.get("CI", "").lower() not in ("true", "1"), "UPDATE_GOLDEN under CI"
         path.write_text(text)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{path.name} differs: review, then UPDATE_GOLDEN=1"
+        assert text == before, f"{path.name} rewritten: review `git diff {path}`, then rerun"
+    assert before is not None, f"{path} missing: run with UPDATE_GOLDEN=1"
+    assert text == before, f"{path.name} differs: review, then UPDATE_GOLDEN=1"
     assert SECRET not in text
+    assert_secret_only_by_name(job)
+
+
+def assert_secret_only_by_name(job: RenderedJob) -> None:
+    """The secret's value is in no argv (the launcher's, an instance's) and no file, looked at
+    unmasked: it goes through environments only, where ``ps`` and the logs do not show it."""
+    assert all(SECRET not in a for cmd in job.instances for a in cmd.argv)
+    assert all(SECRET not in a for a in job.launcher)
+    assert all(SECRET not in text for text in job.files.values())
+
+
+def test_the_secret_check_catches_a_secret_in_an_argv() -> None:
+    job = render_job(sim2(), "ssh", job_dir=JOB_DIR)
+    leaked = replace(job.instances[0], argv=(*job.instances[0].argv, SECRET))
+    with pytest.raises(AssertionError):
+        assert_secret_only_by_name(replace(job, instances=(leaked, *job.instances[1:])))
 
 
 def test_every_golden_file_belongs_to_a_case() -> None:
