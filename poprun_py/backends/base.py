@@ -25,10 +25,12 @@ Example:
     >>> session = backend.open(prep, RunSettings())
     >>> checked = session.preflight(prep)
     >>> from poprun_py.launch.launcher import render, run_options
-    >>> job = render(checked.prep, "/tmp/poprun-py-doctest", checked.topologies, backend)
+    >>> import shutil, tempfile
+    >>> job_dir = tempfile.mkdtemp(prefix="poprun-py-doctest-")  # this user's, fresh
+    >>> job = render(checked.prep, job_dir, checked.topologies, backend)
     >>> run_to_end(session.runner, job, run_options(checked.prep, RunSettings())).exit_code
     0
-    >>> session.close()
+    >>> session.close(); shutil.rmtree(job_dir)
 """
 
 from __future__ import annotations

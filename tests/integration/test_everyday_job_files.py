@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,8 +23,6 @@ from poprun_py.providers.netns import TestCluster
 from tests.integration.helpers import REPO, left_behind
 from tests.integration.helpers import poprun_cli as run_cli
 from tests.integration.test_launch_hosts_cli import poprun, spec_for
-
-SITE = f"{REPO}:{sysconfig.get_paths()['purelib']}"  # for /usr/bin/python3 of the same version
 
 
 def poprun_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -175,32 +173,32 @@ def two_users() -> Iterator[tuple[str, str]]:
 def test_a_job_root_another_user_made_first_is_refused_in_one_line(
     two_users: tuple[str, str], tmp_path: Path
 ) -> None:
-    victim, intruder = two_users
-    uid = int(subprocess.run(["id", "-u", victim], capture_output=True, check=True).stdout)
-    root = Path(f"/tmp/poprun-py-{uid}")  # the victim's default root, keyed on its uid
-    subprocess.run(["rm", "-rf", str(root)], check=True)  # a user that had this uid before
+    """The intruder makes the job root first (0777, its own); the user who runs poprun-py --
+    the test's own, so that it finds its Python and poprun-py wherever they are installed --
+    is refused in one line and nothing starts. The root is named by POPRUN_PY_JOB_ROOT, so the
+    session's own default root (/tmp/poprun-py-UID) is left alone; the check is the same."""
+    _, intruder = two_users
+    root = Path(f"/tmp/poprun-py-everyday-{uuid.uuid4().hex}")
     subprocess.run(["runuser", "-u", intruder, "--", "mkdir", "-m", "0777", str(root)], check=True)
     marker = Path(f"/tmp/poprun-everyday-{uuid.uuid4().hex}")
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": SITE, "HOME": "/tmp", "LOGNAME": intruder}
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["POPRUN_PY_JOB_ROOT"] = str(root)
+    me, uid = pwd.getpwuid(os.geteuid()).pw_name, os.geteuid()
+    argv = [sys.executable, "-m", "poprun_py", "launch", "--hosts", "localhost", "--", "touch"]
     try:
         proc = subprocess.run(
-            [
-                *("runuser", "-u", victim, "--", "/usr/bin/env"),
-                *(f"{k}={v}" for k, v in env.items()),
-                *("/usr/bin/python3", "-m", "poprun_py", "launch", "--hosts", "localhost"),
-                *("--", "touch", str(marker)),
-            ],
+            [*argv, str(marker)],
             capture_output=True,
             text=True,
             timeout=60,
-            cwd="/tmp",
+            cwd=REPO,
             env=env,
             check=False,
         )
         assert proc.returncode == 3, proc.stderr
         assert proc.stderr == (
             f"poprun-py: error: preflight failed on localhost: job directory: {root} is owned "
-            f"by {intruder} (uid {root.stat().st_uid}), not by {victim} (uid {uid}); "
+            f"by {intruder} (uid {root.stat().st_uid}), not by {me} (uid {uid}); "
             "nothing was started\n"
         )
         assert not marker.exists() and os.listdir(root) == []
