@@ -7,6 +7,7 @@ tests/unit/test_golden.py`` and review the diff.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -117,11 +118,37 @@ def test_rendered_commands_match_the_golden_file(cluster: str, case: str) -> Non
         # never under CI: a rewritten golden file would bless whatever the code renders now
         assert os.environ.get("CI", "").lower() not in ("true", "1"), "UPDATE_GOLDEN under CI"
         path.write_text(text)
-        assert text == before, f"{path.name} rewritten: review `git diff {path}`, then rerun"
+        assert text == before, f"{path.name} rewritten, it was:\n" + diff(before, text)
     assert before is not None, f"{path} missing: run with UPDATE_GOLDEN=1"
-    assert text == before, f"{path.name} differs: review, then UPDATE_GOLDEN=1"
+    changed = diff(before, text)
+    assert text == before, f"{path.name} differs: review, then UPDATE_GOLDEN=1\n{changed}"
     assert SECRET not in text
     assert_secret_only_by_name(job)
+
+
+def diff(before: str | None, after: str) -> str:
+    """What changed from the golden file (``before``) to the rendering, as a unified diff."""
+    old = (before or "").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(old, after.splitlines(keepends=True), "golden", "now"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("argv_limit", [None, 1], ids=["argv", "appfile"])
+def test_the_secret_reaches_an_environment_and_no_argv_nor_file(
+    backend: str, argv_limit: int | None
+) -> None:
+    """Every backend, with and without an appfile: the secret's value is in no argv and no file,
+    yet it still reaches the program through an environment (the instances' own, or the
+    launcher's, passed on by name); the unmasked rendering shows it, the masked one does not."""
+    options = {**OPTIONS["h4"], **({"argv_limit": argv_limit} if argv_limit else {})}
+    job = render_job(h4(), backend, job_dir=JOB_DIR, **options)  # type: ignore[arg-type]
+    assert_secret_only_by_name(job)
+    assert "TOKEN" in job.secrets
+    if job.launcher:  # mpirun, mpiexec, srun pass it on by name from their own environment
+        assert job.launcher_env.get("TOKEN") == SECRET, "the launcher cannot pass the secret on"
+    else:  # local, ssh: each instance's environment (ssh: over the agent's stdin)
+        assert all(c.env.get("TOKEN") == SECRET for c in job.instances)
+    assert SECRET in format_job(job, masked=False) and SECRET not in format_job(job)
 
 
 def assert_secret_only_by_name(job: RenderedJob) -> None:
