@@ -72,11 +72,20 @@ def test_instance_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Pa
     assert left_behind(marker) == []
 
 
+def until_running(marker: str) -> str:
+    """Shell words that wait (polling, 30 s at most) until ``sleep MARKER`` runs: the escaped
+    process exists before the instance goes on, however loaded the machine (not a fixed sleep)."""
+    return (
+        f"i=0; until pgrep -f 'sleep {marker}$' >/dev/null || [ $i -ge 3000 ]; "
+        "do sleep 0.01; i=$((i+1)); done"
+    )
+
+
 @pytest.mark.parametrize("job_fails", [False, True], ids=["job-succeeds", "job-fails"])
 @pytest.mark.requires("pgrep")
 def test_grandchild_that_called_setsid_is_stopped(tmp_path: Path, job_fails: bool) -> None:
     marker = unique_sleep()
-    escape = f"setsid sleep {marker} & sleep 0.2"
+    escape = f"setsid sleep {marker} & {until_running(marker)}"
     last = f'if [ "$RANK" = 1 ]; then exit 5; fi; exec sleep {marker}' if job_fails else "exit 0"
     plan = plan_for(["sh", "-c", f"{escape}; {last}"], "h1", instances=2)
     result, _ = run_local(plan, tmp_path, grace_period=1)
@@ -89,7 +98,7 @@ def test_grandchild_that_called_setsid_is_stopped(tmp_path: Path, job_fails: boo
 def test_double_forked_orphan_with_a_cleared_environment_is_stopped(tmp_path: Path) -> None:
     marker = unique_sleep()
     orphan = f"env -i /usr/bin/setsid /bin/sh -c 'sleep {marker} >/dev/null 2>&1 &'"
-    plan = plan_for(["sh", "-c", f"{orphan}; sleep 0.2"], "h1", instances=1)
+    plan = plan_for(["sh", "-c", f"{orphan}; {until_running(marker)}"], "h1", instances=1)
     result, _ = run_local(plan, tmp_path, grace_period=1)
     assert result.ok
     assert left_behind(f"sleep {marker}") == []
