@@ -182,17 +182,21 @@ def test_leaving_the_relay_stops_daemons_still_running() -> None:
         agents.close()
 
 
+@pytest.mark.requires("pgrep")
 def test_a_silent_host_is_lost_its_shim_exits_255_and_the_relay_names_it() -> None:
+    mark = unique_sleep()
     agents = LocalAgents()
     try:
         with RshRelay(agents, {"h1": "h1"}, FAST) as relay:  # type: ignore[arg-type]
-            proc = shim(relay, "h1", "exec sleep 60")
+            proc = shim(relay, "h1", f"exec sleep {mark}")
             wait_for(lambda: "h1" in agents.channels)
-            time.sleep(0.3)
+            wait_for(lambda: len(pgrep(mark)) == 1)  # the agent runs the daemon: not a sleep
             os.kill(agents.channels["h1"].proc.pid, signal.SIGSTOP)  # cut off: no heartbeats
             start = time.monotonic()
             code, _, err = finish(proc)
-            assert time.monotonic() - start < FAST.liveness + 2
+            # found lost at all, long before the daemon's end: how soon is not asserted beyond
+            # "< 30 s" (a loaded machine); that it waited the liveness is checked below
+            assert time.monotonic() - start < 30
             assert code == 255 and "host h1 stopped answering" in err
             assert list(relay.lost) == ["h1"] and "stopped answering" in relay.lost["h1"].reason
             assert relay.lost["h1"].when <= time.time() - FAST.liveness
