@@ -25,6 +25,7 @@ Run as a doctest (tests/unit/test_docstrings.py)::
 from __future__ import annotations
 
 import contextlib
+import pwd
 import re
 import shutil
 from dataclasses import asdict, replace
@@ -41,6 +42,8 @@ WAIT_TIMEOUT = 30.0
 DEFAULT_PREFIX = "h"
 _NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 KIND = "testhosts-cluster"
+HOST_USER = "root"
+"""Who the test hosts let in (their sshd_config and ssh_config: ``User root``)."""
 
 
 def _shape(spec: ClusterSpec) -> tuple[int, str]:
@@ -94,7 +97,9 @@ class LocalProvider:
         cluster = self._reuse(name, count, prefix, ctx) or self._make(name, count, prefix, ctx)
         write_private(ctx.state.known_hosts_path, cluster.known_hosts.read_text())
         nodes = tuple(
-            Node(h.name, h.address, "root", h.port, str(cluster.identity_file), h.netns, "running")
+            Node(
+                h.name, h.address, HOST_USER, h.port, str(cluster.identity_file), h.netns, "running"
+            )
             for h in cluster.hosts
         )
         record = replace(record, nodes=nodes, phase="created")
@@ -164,7 +169,9 @@ class LocalProvider:
     def terminate(
         self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext
     ) -> tuple[Resource, ...]:
-        """Destroy the hosts (by name) and the setup directories they left in this $HOME."""
+        """Destroy the hosts (by name) and the setup directories they left in their login
+        user's home (root's: the hosts share this machine's filesystem, and the caller's $HOME
+        may be another's)."""
         from poprun_py.providers.netns import destroy_cluster, list_clusters
         from poprun_py.providers.setup import MARKER_ROOT
 
@@ -175,7 +182,7 @@ class LocalProvider:
             destroy_cluster(name, state_root=self._root)
             ctx.reporter.advance("destroying local hosts")
             removed.append(Resource(KIND, name))
-        marker_root = Path.home() / MARKER_ROOT  # the hosts share this machine's filesystem
+        marker_root = Path(pwd.getpwnam(HOST_USER).pw_dir) / MARKER_ROOT
         setup_dir = marker_root / spec.name
         if setup_dir.exists():
             shutil.rmtree(setup_dir)
