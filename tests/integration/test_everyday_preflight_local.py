@@ -6,28 +6,16 @@ backend says once on stderr that it simulates hosts named after other machines."
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_launch_hosts_cli import poprun
+
 PRE = "poprun-py: error: preflight failed on localhost: "
-
-
-def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "poprun_py", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
 
 
 def test_a_missing_program_is_exit_3_with_one_line_and_nothing_started(tmp_path: Path):
