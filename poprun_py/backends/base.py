@@ -97,8 +97,9 @@ class Session(Protocol):
         """Check every host; PreflightError (exit 3) names every fault, nothing started."""
         ...
 
-    def sync(self, paths: Sequence[str]) -> None:
-        """Push ``paths`` to every host at the same absolute path (a no-op on this machine)."""
+    def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
+        """Push ``paths`` to every host at the same absolute path (a no-op on this machine);
+        a host still being pushed to ``timeout`` seconds on fails it (PreflightError)."""
         ...
 
     def stage(self, job: RenderedJob) -> None:

@@ -98,7 +98,7 @@ class LocalSession:
             raise PreflightError(faults)
         return Checked(prep, local_topologies(prep))
 
-    def sync(self, paths: Sequence[str]) -> None:
+    def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """Nothing to push: the files are here."""
 
     def stage(self, job: RenderedJob) -> None:
@@ -186,11 +186,11 @@ class RemoteSession:
         found = with_topologies(prep, report.topologies, report.interfaces(prep.plan.network))
         return Checked(found, report.topologies)
 
-    def sync(self, paths: Sequence[str]) -> None:
-        """``--sync``: push ``paths`` over the same connections."""
+    def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
+        """``--sync``: push ``paths`` over the same connections, within ``timeout``."""
         from poprun_py.ssh.sync import sync
 
-        sync(self.pool, list(paths))
+        sync(self.pool, list(paths), timeout=timeout)
 
     def stage(self, job: RenderedJob) -> None:
         """Write the shard files and job files on every host, through the agents (once numactl

@@ -292,7 +292,7 @@ class SlurmSession:
                 return Checked(prep, report.topologies)
         return Checked(prep, {})
 
-    def sync(self, paths: Sequence[str]) -> None:
+    def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """Nodes of an allocation share the job directory (see the README)."""
 
     def stage(self, job: RenderedJob) -> None:

@@ -4,13 +4,14 @@
 output under one header (like ``clush -b``); it exits with the worst host's code (255 for a host
 that cannot be reached, 124 for one that hit ``--timeout``). ``sync`` pushes paths (default: the
 current directory) to every host at the same absolute path, or under ``--dest``, with a progress
-bar; a host that cannot be reached or written fails it with exit code 3.
+bar; a host that cannot be reached or written fails it with exit code 3, and one still
+pushing at ``--timeout`` (90s, 45m, 2h, or seconds) fails too: nothing outlives the command.
 
 Example:
 
     $ poprun-py exec --hosts node[01-16] -b -- uname -r
     $ poprun-py exec -c clusters/pod16.yaml --timeout 30 -- python3 -c 'import torch'
-    $ poprun-py sync --hosts node[01-04] ~/job
+    $ poprun-py sync --hosts node[01-04] --timeout 10m ~/job
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ Timeout = Annotated[
 Dest = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--dest", help="Remote directory to push into (default: the same paths)."),
+]
+SyncTimeout = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--timeout",
+        "-t",
+        help="Stop pushing to a host still at it after this long (90s, 45m, 2h, or seconds); "
+        "that host fails the sync (default: no limit).",
+    ),
 ]
 Method = Annotated[
     str, typer.Option("--method", help="auto (rsync where both ends have it) | rsync | sftp")
@@ -127,6 +137,7 @@ def sync_cmd(
     cluster: o.Cluster = None,
     dest: Dest = None,
     method: Method = "auto",
+    timeout: SyncTimeout = None,
     connect_timeout: o.ConnectTimeout = None,
     accept_new_host_keys: o.AcceptNewHostKeys = False,
     known_hosts: o.KnownHosts = None,
@@ -135,8 +146,10 @@ def sync_cmd(
     user: o.User = None,
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""
+    from poprun_py.core.duration import parse_duration
     from poprun_py.ssh.sync import METHODS
 
+    seconds = None if timeout is None else parse_duration(timeout, "--timeout")
     if method not in METHODS:
         raise UsageError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
     if dest is not None and not dest.startswith("/"):
@@ -153,12 +166,12 @@ def sync_cmd(
             connect_timeout=connect_timeout,
         ),
     ) as pool:
-        report = _sync_with_progress(pool, paths or ["."], dest, method)
+        report = _sync_with_progress(pool, paths or ["."], dest, method, seconds)
     _print_sync_summary(report)
 
 
 def _sync_with_progress(
-    pool: ConnectionPool, paths: list[str], dest: str | None, method: str
+    pool: ConnectionPool, paths: list[str], dest: str | None, method: str, timeout: float | None
 ) -> SyncReport:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
@@ -177,7 +190,7 @@ def _sync_with_progress(
                 bar.update(task, completed=sum(done.values()), total=total * len(pool.hosts))
 
         with interrupting():
-            return sync(pool, paths, dest, progress, method=method)
+            return sync(pool, paths, dest, progress, method=method, timeout=timeout)
 
 
 def _print_sync_summary(report: SyncReport) -> None:

@@ -167,4 +167,4 @@ def _sync(prep: Prepared) -> None:
 
     hosts = [h.spec for h in prep.plan.hosts]
     with ConnectionPool(hosts, ssh_settings(prep.plan.cluster, prep.options.ssh)) as pool:
-        sync(pool, [sync_root(prep.plan)])
+        sync(pool, [sync_root(prep.plan)], timeout=prep.long_run.timeout)

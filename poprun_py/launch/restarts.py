@@ -95,7 +95,7 @@ class Attempts:
             session, checked = self._open(prep)
             prep = self._without(checked.prep, failing.result())
         if self.sync_paths is not None:
-            session.sync(self.sync_paths(prep))
+            session.sync(self.sync_paths(prep), prep.long_run.timeout)  # --timeout bounds it
         checked = replace(checked, prep=prep)
         job_dir = self.job_dir(prep)
         done: list[LaunchResult] = []

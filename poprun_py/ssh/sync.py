@@ -151,7 +151,7 @@ def sync(
 ) -> SyncReport:
     """Push ``paths`` to every host of ``pool`` in parallel; see the module docstring.
 
-    ``method`` is ``auto`` (rsync where both ends have it), ``rsync`` or ``sftp``; an rsync
+    ``method`` is ``auto`` (rsync where both ends have it), ``rsync`` or ``sftp``; a push
     still running ``timeout`` seconds after the start is stopped (that host fails). Raises
     PreflightError naming every host that could not be reached or written.
     """
@@ -174,7 +174,7 @@ def sync(
                 argv = rsync_argv(config, conn.name, paths, dest)
                 sent = _rsync(argv, conn.name, total, progress, deadline)
                 return HostSync(conn.name, "rsync", *sent, time.monotonic() - started)
-            sent = _sftp_push(conn, parents, entries, total, progress)
+            sent = _sftp_push(conn, parents, entries, total, progress, deadline)
             return HostSync(conn.name, "sftp", *sent, time.monotonic() - started)
 
         try:
@@ -418,8 +418,10 @@ def _sftp_push(
     entries: Sequence[Entry],
     total: int,
     progress: ProgressFn | None,
+    deadline: float | None = None,
 ) -> tuple[int, int]:
-    """Send what differs in size or mtime; return (files sent, bytes sent)."""
+    """Send what differs in size or mtime; return (files sent, bytes sent). Past ``deadline``
+    (``time.monotonic()``) no further file is started: BackendError."""
     from poprun_py.ssh.connection import makedirs
 
     sftp = conn.sftp()
@@ -428,6 +430,8 @@ def _sftp_push(
     listings: dict[str, dict[str, paramiko.SFTPAttributes]] = {}
     files = sent = done = 0
     for entry in entries:
+        if deadline is not None and time.monotonic() > deadline:
+            raise BackendError(f"sftp to {conn.name} did not finish in time (it was stopped)")
         parent, name = posixpath.split(entry.remote)
         if parent not in listings:
             listings[parent] = _listing(sftp, parent)

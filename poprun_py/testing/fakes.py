@@ -117,7 +117,7 @@ class FakeSession:
             raise PreflightError([Fault(h, "connect", "no answer") for h in down])
         return Checked(prep, dict(self.backend.topologies))
 
-    def sync(self, paths: Sequence[str]) -> None:
+    def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """Record the call."""
         self.backend.calls.append("sync")
 

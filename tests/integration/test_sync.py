@@ -12,6 +12,7 @@ import filecmp
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,43 @@ def test_cli_sync_defaults_to_the_current_directory(
     assert proc.returncode == 0, proc.stderr
     assert "5 file(s)" in proc.stderr
     same_tree(project, dest / "proj")
+
+
+@pytest.mark.requires("rsync", "pgrep")
+def test_cli_sync_timeout_stops_a_push_that_does_not_finish(
+    test_cluster_4: TestCluster, project: Path, tmp_path: Path
+):
+    """``sync --timeout``: a push still running then fails its host (exit 3, one line naming
+    it) and its rsync is gone: here an rsync on the launcher's PATH that never ends."""
+    marker = f"{60 + uuid.uuid4().int % 1000 / 997:.6f}"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "rsync").write_text(f"#!/bin/sh\nexec sleep {marker}\n")
+    (fake / "rsync").chmod(0o755)
+    host = test_cluster_4.hosts[1].name
+    argv = [sys.executable, "-m", "poprun_py", "sync", "--hosts", host, "--method", "rsync"]
+    argv += ["--ssh-config", str(test_cluster_4.ssh_config), "--dest", str(tmp_path / "cli")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{fake}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [*argv, "--timeout", "2s"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=60,  # without the deadline the fake rsync would hold sync for a minute
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert f"rsync to {host} did not finish in time (it was stopped)" in proc.stderr
+    gone = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, check=False)
+    assert gone.stdout == b""
+
+
+def test_cli_sync_refuses_a_timeout_that_is_not_a_duration(project: Path) -> None:
+    argv = [sys.executable, "-m", "poprun_py", "sync", "--hosts", "h1", "--timeout", "soon"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=project, env=env, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "poprun-py: error: --timeout: 'soon' is not a duration (e.g. 90s, 45m, 2h)"
+    ]
