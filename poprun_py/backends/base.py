@@ -110,6 +110,11 @@ class Session(Protocol):
         """Start the job (see :meth:`Runner.start`)."""
         ...
 
+    def tidy(self, job_dir: str) -> None:
+        """The job succeeded and its directory is not kept: remove the hosts' copies of it
+        (this machine's goes with the launcher's own clean-up)."""
+        ...
+
     def close(self) -> None:
         """Release the hosts: nothing of this launch is left running anywhere."""
         ...

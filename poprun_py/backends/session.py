@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -37,8 +38,12 @@ if TYPE_CHECKING:
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
+    from poprun_py.ssh.connection import Connection
     from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.settings import SshSettings
+
+log = logging.getLogger("poprun_py")
+TIDY_TIMEOUT = 30.0  # seconds for one host to remove a job's directory
 
 NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
 
@@ -100,6 +105,9 @@ class LocalSession:
 
     def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """Nothing to push: the files are here."""
+
+    def tidy(self, job_dir: str) -> None:
+        """Nothing on other hosts: the launcher removes this machine's directory."""
 
     def stage(self, job: RenderedJob) -> None:
         """The runner writes the job's files itself."""
@@ -207,6 +215,20 @@ class RemoteSession:
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
         """Start the job through the agents."""
         return self.runner_for(self.agents).start(job, options, control)
+
+    def tidy(self, job_dir: str) -> None:
+        """Remove ``job_dir`` on every host, over the connections still open (one ``rm`` each,
+        in parallel); a host that cannot is warned about: the job itself succeeded."""
+
+        def remove(conn: Connection) -> str:
+            done = conn.run(["rm", "-rf", "--", job_dir], timeout=TIDY_TIMEOUT)
+            return (done.stderr.strip() or f"exit {done.exit_code}") if done.exit_code else ""
+
+        for host, outcome in self.pool.map(remove).items():
+            if outcome:
+                log.warning(
+                    "could not remove the job directory %s on %s: %s", job_dir, host, outcome
+                )
 
     def close(self) -> None:
         """End every agent (waiting until each has exited), then every connection."""

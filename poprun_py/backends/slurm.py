@@ -295,6 +295,9 @@ class SlurmSession:
     def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """Nodes of an allocation share the job directory (see the README)."""
 
+    def tidy(self, job_dir: str) -> None:
+        """The nodes share the job directory: the launcher's own clean-up removes it."""
+
     def stage(self, job: RenderedJob) -> None:
         """srun's tasks read the job's files from the job directory; numactl must be on the
         nodes whose tasks run under it."""

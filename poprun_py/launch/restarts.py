@@ -124,6 +124,8 @@ class Attempts:
             done.append(result)
             if result.ok or result.interrupted or self.control.interrupted:
                 break
+        if done[-1].ok and not (self.settings.output_dir or self.settings.keep_job_dir):
+            session.tidy(job_dir)  # the hosts' copies; the launcher removes this machine's
         return _history(done[-1], done)
 
     def _open(self, prep: Prepared) -> tuple[Session, Checked]:

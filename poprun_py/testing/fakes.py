@@ -125,6 +125,10 @@ class FakeSession:
         """Record the call."""
         self.backend.calls.append("stage")
 
+    def tidy(self, job_dir: str) -> None:
+        """Record the call."""
+        self.backend.calls.append("tidy")
+
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> FakeRunning:
         """Start through the backend."""
         return self.backend.start(job, options, control)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,26 @@ def test_the_lifecycle_runs_in_order_and_the_session_is_always_closed() -> None:
     fake = FakeBackend()
     result = launch(prepared(), RunSettings(), backend=fake)
     assert result.ok and result.exit_code == 0
-    assert fake.calls == ["open", "preflight", "stage", "start", "wait", "close"]
+    assert fake.calls == ["open", "preflight", "stage", "start", "wait", "tidy", "close"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "ok"),
+    [
+        (RunSettings(keep_job_dir=True), True),
+        (RunSettings(output_dir="out"), True),
+        (RunSettings(), False),
+    ],
+    ids=["kept", "output-dir", "failed"],
+)
+def test_the_hosts_job_directory_is_tidied_only_after_a_success_that_keeps_none(
+    settings: RunSettings, ok: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    fake = FakeBackend(scripts={} if ok else {0: Script(exit_code=3)})
+    result = launch(prepared(), settings, backend=fake)
+    assert result.ok is ok
+    assert "tidy" not in fake.calls and fake.calls[-1] == "close"
 
 
 def test_sync_happens_between_preflight_and_rendering() -> None:
