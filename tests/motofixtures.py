@@ -3,7 +3,9 @@
 Enable with ``pytest_plugins = ["tests.motofixtures"]`` in tests/conftest.py. boto3 talks to
 moto over HTTP on loopback (never patched); the environment points every poprun-py process at it
 and can reach nothing else: fake credentials, ``AWS_EC2_METADATA_DISABLED`` (no instance-metadata
-lookups), no config or credentials files.
+lookups), no config or credentials files. Requests to loopback never go through a proxy that the
+runner's ``http_proxy``/``HTTPS_PROXY``... name: the fixtures' own requests use no proxy, and
+``NO_PROXY``/``no_proxy`` get 127.0.0.1 and localhost for boto3 here and in every process started.
 
 Fixtures:
 
@@ -28,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import urllib.error
 import urllib.parse
@@ -54,6 +57,8 @@ _CLEARED = (
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     "AWS_REGION",
 )
+LOOPBACK = ("127.0.0.1", "localhost")
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # whatever http_proxy says
 
 
 @dataclass
@@ -79,7 +84,9 @@ class AwsEnv:
 
 
 def isolate_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Fake credentials and no way for boto3 to look anywhere but the environment."""
+    """Fake credentials and no way for boto3 to look anywhere but the environment; loopback
+    reached directly, whatever proxy the environment names."""
+    no_proxy(monkeypatch)
     for name in _CLEARED:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -88,6 +95,13 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_PROXY`` and ``no_proxy`` list loopback besides what they had (boto3, urllib)."""
+    for name in ("NO_PROXY", "no_proxy"):
+        had = [h for h in os.environ.get(name, "").split(",") if h.strip()]
+        monkeypatch.setenv(name, ",".join([*had, *(h for h in LOOPBACK if h not in had)]))
 
 
 @pytest.fixture(scope="session")
@@ -109,15 +123,15 @@ def moto_url() -> Iterator[str]:
 
 def _reset(url: str) -> None:
     request = urllib.request.Request(f"{url}/moto-api/reset", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:  # loopback only
+    with _direct.open(request, timeout=10) as response:  # loopback only
         response.read()
 
 
 @pytest.fixture
 def aws_env(moto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AwsEnv:
     """A freshly reset moto and the environment that points poprun-py at it."""
-    _reset(moto_url)
     isolate_aws(monkeypatch, tmp_path)
+    _reset(moto_url)
     state_dir = tmp_path / "state"
     monkeypatch.setenv("POPRUN_PY_STATE_DIR", str(state_dir))
     monkeypatch.setenv("POPRUN_PY_AWS_ENDPOINT_URL", moto_url)
@@ -189,7 +203,7 @@ class Ec2Proxy:
             if key.lower() not in ("host", "content-length", "connection"):
                 request.add_header(key, value)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:  # loopback only
+            with _direct.open(request, timeout=30) as response:  # loopback only
                 return response.status, list(response.getheaders()), response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, list(exc.headers.items()), exc.read()
