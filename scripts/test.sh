@@ -14,6 +14,11 @@
 # ordinary user's run passes; with CI=true every skip is a failure instead (except torch without
 # a local wheel and old Pythons no registry serves: see tests/conftest.py).
 #
+# Tests run in a random order (pytest-randomly), a new one each run; its seed is printed at the
+# end ("random order: -p randomly --randomly-seed=N replays it"). To replay a failing order:
+#   scripts/test.sh -p randomly --randomly-seed=N [the failing test files]
+# (-p no:randomly runs them in file order).
+#
 # Usage: [PYTHON=python3.X] scripts/test.sh [extra pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
