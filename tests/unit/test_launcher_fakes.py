@@ -144,7 +144,7 @@ def test_a_signal_before_the_job_runs_raises_and_still_closes_the_session() -> N
             original = session.preflight
 
             def preflight(p: Prepared):  # type: ignore[no-untyped-def]
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # the forked child's own pid, not pytest's
                 time.sleep(1)  # interrupted by the signal
                 return original(p)
 
@@ -152,9 +152,17 @@ def test_a_signal_before_the_job_runs_raises_and_still_closes_the_session() -> N
             return session
 
     fake = SlowPreflight()
-    with pytest.raises(KeyboardInterrupt):
-        launch(prepared(), RunSettings(), backend=fake)
-    assert "start" not in fake.calls and fake.calls[-1] == "close"
+
+    def run() -> tuple[bool, list[str]]:  # in a forked child: the SIGINT goes to it
+        try:
+            launch(prepared(), RunSettings(), backend=fake)
+        except KeyboardInterrupt:
+            return True, fake.calls
+        return False, fake.calls
+
+    raised, calls = in_child(run)
+    assert raised  # KeyboardInterrupt out of launch
+    assert "start" not in calls and calls[-1] == "close"
 
 
 def test_the_policy_decides_what_a_failure_means() -> None:

@@ -19,6 +19,7 @@ from poprun_py.providers import PROVIDERS
 from poprun_py.providers.lifecycle import down
 from poprun_py.providers.records import ProvisionRecord
 from poprun_py.testing.fakes import FakeBackend, FakeProvider, FakeRunning, Script
+from tests.unit.in_child import in_child
 
 if TYPE_CHECKING:
     from poprun_py.backends.result import RunOptions
@@ -200,7 +201,8 @@ def test_up_needs_a_spec_and_is_an_option_of_launch_only(
 def test_teardown_finishes_through_ctrl_c_and_notes_it(tmp_path: Path) -> None:
     class SignalledProvider(FakeProvider):
         def terminate(self, spec, record, ctx):  # type: ignore[no-untyped-def]
-            os.kill(os.getpid(), signal.SIGINT)  # handled before kill() returns (main thread)
+            # the forked child's pid (in_child), never pytest's; handled before kill() returns
+            os.kill(os.getpid(), signal.SIGINT)
             return super().terminate(spec, record, ctx)
 
     notes: list[str] = []
@@ -216,18 +218,27 @@ def test_teardown_finishes_through_ctrl_c_and_notes_it(tmp_path: Path) -> None:
             notes.append(message)
 
     spec = ClusterSpec("demo", (), provider=ProviderSpec(kind="local", num_nodes=1))
-    before = signal.getsignal(signal.SIGINT)
-    result = down(
-        spec, root=tmp_path, provider=SignalledProvider(), reporter=Notes(), hold_signals=True
-    )
-    assert result.cluster == "demo"
-    assert notes == ["signal 2: still tearing down cluster demo; it will finish"]
-    assert signal.getsignal(signal.SIGINT) is before
+
+    def run() -> tuple[str, list[str], bool]:  # in a forked child: the SIGINT goes to it
+        before = signal.getsignal(signal.SIGINT)
+        result = down(
+            spec, root=tmp_path, provider=SignalledProvider(), reporter=Notes(), hold_signals=True
+        )
+        return result.cluster, notes, signal.getsignal(signal.SIGINT) is before
+
+    cluster, noted, restored = in_child(run)
+    assert cluster == "demo"
+    assert noted == ["signal 2: still tearing down cluster demo; it will finish"]
+    assert restored  # the handler from before is back
 
 
 def test_deferring_records_the_signals_and_restores_the_handlers() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with deferring() as arrived:
-        os.kill(os.getpid(), signal.SIGTERM)
+    def run() -> tuple[list[int], bool]:  # in a forked child: the SIGTERM goes to it
+        before = signal.getsignal(signal.SIGTERM)
+        with deferring() as arrived:
+            os.kill(os.getpid(), signal.SIGTERM)  # without deferring: the child dies of it
+        return list(arrived), signal.getsignal(signal.SIGTERM) is before
+
+    arrived, restored = in_child(run)
     assert arrived == [signal.SIGTERM]
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert restored
