@@ -5,6 +5,8 @@ fallback reader's Include handling, tokens, ProxyJump hops, and host certificate
 from __future__ import annotations
 
 import base64
+import os
+import pwd
 import subprocess
 from pathlib import Path
 
@@ -73,7 +75,8 @@ def test_ssh_g_options_become_an_endpoint(tmp_path: Path) -> None:
     ep = endpoint_from(HostSpec("n1"), SshSettings(), options)
     assert (ep.hostname, ep.port, ep.user) == ("198.18.9.1", 2200, "alice")
     assert ep.jumps == (Hop("j1"), Hop("j2", "ops", 2222))
-    assert ep.identity_files == (str(Path.home() / "id_198.18.9.1"), "/k/second")
+    home = pwd.getpwuid(os.getuid()).pw_dir  # ssh's %d: the passwd home, whatever $HOME says
+    assert ep.identity_files == (f"{home}/id_198.18.9.1", "/k/second")
     assert ep.certificate_files == ("/c/n1-cert.pub",)
     assert ep.key_names == ("[nodes]:2200",) and ep.strict == "no" and ep.accept_new
     assert ep.record_to is None and ep.identity_agent == "none" and ep.connect_timeout == 3.0
