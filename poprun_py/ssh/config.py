@@ -40,7 +40,7 @@ from typing import Any
 
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import UsageError
-from poprun_py.ssh.settings import Endpoint, Hop, SshSettings
+from poprun_py.ssh.settings import Endpoint, Hop, SshSettings, tilde, user_home
 
 Options = Mapping[str, Sequence[str]]
 """Lower-case option name -> its values, one per ``ssh -G`` line (IdentityFile accumulates)."""
@@ -138,7 +138,7 @@ def _first(options: Options, key: str) -> str | None:
 def tokens(name: str, hostname: str, port: int, user: str, alias: str | None) -> dict[str, str]:
     """The values of OpenSSH's ``%`` tokens for one connection."""
     local = socket.gethostname()
-    home = str(Path.home())
+    home = user_home()
     hashed = hashlib.sha1(f"{local}{hostname}{port}{user}".encode(), usedforsecurity=False)
     return {
         "%": "%",
@@ -161,7 +161,7 @@ def expand(text: str, values: Mapping[str, str], *, env: bool = False) -> str:
     out = _TOKEN.sub(lambda m: values.get(m.group(1), m.group(0)), text)
     if env:
         out = _ENV_REF.sub(lambda m: os.environ.get(m.group(1), ""), out)
-    return os.path.expanduser(out)
+    return tilde(out)
 
 
 def endpoint_from(
@@ -181,7 +181,7 @@ def endpoint_from(
     def paths(key: str) -> tuple[str, ...]:
         items = options.get(key) or ()
         done = expanded and key in _PARAMIKO_EXPANDS
-        return tuple(os.path.expanduser(v) if done else expand(v, values) for v in items)
+        return tuple(tilde(v) if done else expand(v, values) for v in items)
 
     explicit = host.identity_file or settings.identity_file
     only = (_first(options, "identitiesonly") or "").lower() == "yes"
@@ -198,7 +198,7 @@ def endpoint_from(
         hostname=hostname,
         port=port,
         user=user,
-        identity_files=(os.path.expanduser(explicit),) if explicit else paths("identityfile"),
+        identity_files=(tilde(explicit),) if explicit else paths("identityfile"),
         explicit_identity=bool(explicit) or only,
         key_names=key_names,
         known_hosts=known,
@@ -220,7 +220,7 @@ def _host_key_files(
     paths: Callable[[str], tuple[str, ...]],
 ) -> tuple[tuple[str, ...], tuple[Path, ...], Path | None]:
     """An Endpoint's ``key_names``, ``known_hosts`` and ``record_to``."""
-    user_files = _known_files(paths("userknownhostsfile"), Path.home() / ".ssh" / "known_hosts")
+    user_files = _known_files(paths("userknownhostsfile"), Path(user_home(), ".ssh", "known_hosts"))
     system_files = _known_files(paths("globalknownhostsfile"), SYSTEM_KNOWN_HOSTS)
     extra = (settings.known_hosts,) if settings.known_hosts else ()
     return (

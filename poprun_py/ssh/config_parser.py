@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.errors import UsageError
+from poprun_py.ssh.settings import tilde, user_home
 
 if TYPE_CHECKING:
     import paramiko
@@ -100,7 +101,7 @@ def inline(source: _Source, depth: int = 0) -> str:
 def _include_paths(value: str, base: Path) -> list[Path]:
     found: list[Path] = []
     for raw in value.split():
-        word = os.path.expanduser(raw.strip('"'))
+        word = tilde(raw.strip('"'))
         pattern = word if os.path.isabs(word) else str(base / word)
         found += sorted(Path(p) for p in glob.glob(pattern) if os.path.isfile(p))
     return found
@@ -116,7 +117,7 @@ class FallbackConfig:
     @staticmethod
     def load(path: Path | None, system: Path | None = SYSTEM_CONFIG) -> FallbackConfig:
         """``path`` alone when given (as ``ssh -F``), else ``~/.ssh/config`` and ``system``."""
-        user_dir = Path.home() / ".ssh"
+        user_dir = Path(user_home(), ".ssh")
         if path is not None:
             if not path.is_file():
                 raise UsageError(f"cannot read ssh config {path}: no such file")

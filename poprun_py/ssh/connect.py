@@ -47,7 +47,7 @@ from poprun_py.ssh.known_hosts import (
     preferred_key_types,
     verify_host_key,
 )
-from poprun_py.ssh.settings import Endpoint, Hop, SshSettings
+from poprun_py.ssh.settings import Endpoint, Hop, SshSettings, user_home
 
 if TYPE_CHECKING:
     import paramiko
@@ -325,7 +325,7 @@ def _candidate_keys(
 ) -> Iterable[tuple[str, paramiko.PKey]]:
     files = list(ep.identity_files)
     if not files and ctx.resolver.kind == "paramiko" and agent is not None:
-        files = [str(Path.home() / ".ssh" / n) for n in DEFAULT_KEYS]
+        files = [str(Path(user_home(), ".ssh", n)) for n in DEFAULT_KEYS]
     for path in files:
         if not os.path.exists(path):
             continue

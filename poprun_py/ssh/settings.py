@@ -17,10 +17,31 @@ Example:
 
 from __future__ import annotations
 
+import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import UsageError
+
+
+def user_home() -> str:
+    """This user's home as OpenSSH knows it: the passwd entry's directory (``ssh`` never reads
+    ``$HOME``: its ``~``, ``%d``, ``~/.ssh/config`` and ``~/.ssh/known_hosts`` all come from
+    there); ``$HOME`` only for a uid with no passwd entry."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return str(Path.home())
+
+
+def tilde(path: str) -> str:
+    """``path`` with a leading ``~`` expanded as OpenSSH does (:func:`user_home`; ``~user``
+    from that user's passwd entry)."""
+    if path == "~" or path.startswith("~/"):
+        return user_home() + path[1:]
+    return os.path.expanduser(path) if path.startswith("~") else path
+
 
 STRICT_VALUES = ("yes", "accept-new", "no")
 

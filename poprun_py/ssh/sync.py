@@ -174,7 +174,7 @@ def sync(
                 argv = rsync_argv(config, conn.name, paths, dest)
                 sent = _rsync(argv, conn.name, total, progress, deadline)
                 return HostSync(conn.name, "rsync", *sent, time.monotonic() - started)
-            sent = _sftp_push(conn, parents, entries, total, progress, deadline)
+            sent = _sftp_push(conn, parents, entries, total, progress, deadline=deadline)
             return HostSync(conn.name, "sftp", *sent, time.monotonic() - started)
 
         try:
@@ -418,6 +418,7 @@ def _sftp_push(
     entries: Sequence[Entry],
     total: int,
     progress: ProgressFn | None,
+    *,
     deadline: float | None = None,
 ) -> tuple[int, int]:
     """Send what differs in size or mtime; return (files sent, bytes sent). Past ``deadline``

@@ -25,7 +25,7 @@ from poprun_py.ssh.known_hosts import (
     preferred_key_types,
     verify_host_key,
 )
-from poprun_py.ssh.settings import Endpoint, Hop, SshSettings
+from poprun_py.ssh.settings import Endpoint, Hop, SshSettings, tilde
 
 needs_ssh = pytest.mark.requires("ssh")
 needs_keygen = pytest.mark.requires("ssh-keygen")
@@ -117,7 +117,7 @@ def test_fallback_include_relative_nested_and_system_file(
 ) -> None:
     home = tmp_path / "home"
     (home / ".ssh" / "conf.d").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr("poprun_py.ssh.config_parser.user_home", lambda: str(home))
     (home / ".ssh" / "config").write_text("Host n*\n  Include conf.d/*.conf\n  Port 2200\n")
     (home / ".ssh" / "conf.d" / "a.conf").write_text("User ops\nHost other\n  User nobody\n")
     system = tmp_path / "etc" / "ssh_config"
@@ -129,6 +129,18 @@ def test_fallback_include_relative_nested_and_system_file(
     assert n1["user"] == ["ops"] and n1["port"] == ["2200"]  # the Host line after the include
     assert n1["identityfile"] == ["/sys/key"]  # the system file, after the user's
     assert cfg.lookup("zz")["user"] == ["late"]
+
+
+def test_home_is_the_passwd_entrys_as_for_openssh_not_home_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # ssh reads neither ~ nor ~/.ssh from $HOME
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    assert tilde("~/.ssh/id_x") == f"{home}/.ssh/id_x" and tilde("~") == home
+    assert tilde("/abs/~x") == "/abs/~x" and tilde("rel") == "rel"
+    ep = endpoint_from(HostSpec("n1"), SshSettings(), {})
+    assert Path(home, ".ssh", "known_hosts") in ep.known_hosts
+    assert all(not str(p).startswith(str(tmp_path)) for p in ep.known_hosts)
 
 
 def test_fallback_bad_lines_and_loops_name_file_and_line(tmp_path: Path) -> None:

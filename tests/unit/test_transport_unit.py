@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import paramiko
 import pytest
@@ -244,12 +245,12 @@ def options(name: str) -> dict[str, list[str]]:
 def resolve_endpoint(
     host: HostSpec, settings: SshSettings, opts: dict[str, list[str]], home: Path
 ) -> Endpoint:
-    old = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)
-    try:
+    """``endpoint_from`` for a user whose home (OpenSSH's: the passwd entry's) is ``home``."""
+    with (
+        mock.patch("poprun_py.ssh.config.user_home", lambda: str(home)),
+        mock.patch("poprun_py.ssh.settings.user_home", lambda: str(home)),
+    ):
         return endpoint_from(host, settings, opts, expanded=True)
-    finally:
-        os.environ["HOME"] = old or ""
 
 
 def test_ssh_config_supplies_address_user_port_identity_and_known_hosts(tmp_path: Path) -> None:
