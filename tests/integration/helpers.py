@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.backends.local import LocalBackend
@@ -31,7 +32,7 @@ from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
-from poprun_py.core.topology import NumaNode, Topology
+from poprun_py.core.topology import NumaNode, Topology, parse_cpulist
 from poprun_py.process.proctree import alive
 from poprun_py.providers.netns import TestCluster, TestHost, host_pids
 from poprun_py.render import job as render
@@ -253,9 +254,7 @@ BINDING_PROBE = (
 reports them in /proc/self/status and /proc/self/numa_maps."""
 
 CPU1_TOPOLOGY = Topology((NumaNode(0, (1,)), NumaNode(1, (0,))))
-"""A declared topology that fits a machine with CPUs 0-1 and one NUMA node: two instances on
-one host bind to node 0 with CPU 1 (memory bound to node 0), and to CPU 0 only (node 1 does not
-exist there, so no memory binding)."""
+"""A declared topology for plans that are rendered but not run (nothing about this machine)."""
 
 
 def usable_cpu1() -> bool:
@@ -263,5 +262,110 @@ def usable_cpu1() -> bool:
     return {0, 1} <= os.sched_getaffinity(0) and Path("/sys/devices/system/node/node0").is_dir()
 
 
+NODES = Path("/sys/devices/system/node")
+
+
+def machine_nodes() -> dict[int, tuple[int, ...]]:
+    """This machine's NUMA nodes and their CPUs, from /sys (node 0 with every allowed CPU where
+    the kernel shows none)."""
+    nodes = {
+        int(p.name[4:]): parse_cpulist((p / "cpulist").read_text())
+        for p in NODES.glob("node[0-9]*")
+    }
+    return nodes or {0: tuple(sorted(os.sched_getaffinity(0)))}
+
+
+def allowed_mems() -> str:
+    """This process's ``Mems_allowed_list`` (its cpuset's memory nodes; a memory policy does
+    not change it, so every instance reports it whatever its binding)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("no Mems_allowed_list in /proc/self/status")
+
+
+@dataclass(frozen=True)
+class BindingCase:
+    """Two instances a host, laid out from this machine: the first bound to the CPU ``first``
+    and its memory to ``node`` (a node it may allocate on: MPOL_BIND there), the second to the
+    CPU ``second`` and to ``absent``, a node this machine does not have (so its memory is left
+    unbound). ``first`` and ``second`` are CPUs this process may run on, different where it
+    may run on two (the same one under ``taskset -c 0``); ``mems`` is what every instance
+    reports as its ``Mems_allowed_list``; ``whole`` says ``first`` and ``node`` are all this
+    machine has (one CPU, one node), where binding to them changes nothing and none is made."""
+
+    first: int
+    second: int
+    node: int
+    absent: int
+    spare: int
+    mems: str
+    whole: bool
+
+    @property
+    def topology(self) -> Topology:
+        """The declared topology giving a plan's local instance 0 and 1 these bindings. Each
+        node also declares a CPU this machine lacks (``spare``, ``spare + 1``, which the
+        render step drops), so no instance holds every declared CPU, even where ``first`` and
+        ``second`` are one CPU (the plan binds no instance that holds every CPU)."""
+        return Topology(
+            (
+                NumaNode(self.node, (self.first, self.spare)),
+                NumaNode(self.absent, (self.second, self.spare + 1)),
+            )
+        )
+
+    def probe(self, local_index: int) -> dict[str, object]:
+        """What :data:`BINDING_PROBE` prints in local instance 0 or 1."""
+        if local_index == 0:
+            policy = "default" if self.whole else f"bind:{self.node}"
+            return {"cpus": str(self.first), "mems": self.mems, "policies": [policy]}
+        return {"cpus": str(self.second), "mems": self.mems, "policies": ["default"]}
+
+
+def binding_case() -> BindingCase:
+    """The :class:`BindingCase` of this machine: any CPU count, any NUMA nodes, any cpuset."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mems = allowed_mems()
+    nodes = machine_nodes()
+    every = {c for node_cpus in nodes.values() for c in node_cpus} | set(cpus)
+    node = parse_cpulist(mems)[0]
+    return BindingCase(
+        first=cpus[-1],
+        second=cpus[0],
+        node=node,
+        absent=max(nodes) + 1,
+        spare=max(every) + 1,
+        mems=mems,
+        whole=every == {cpus[-1]} and set(nodes) == {node},
+    )
+
+
 PYSPY_THREAD = r"^Thread \d+ \((?:idle|active)\)"
 """py-spy's header of a thread: sleeping (idle) or running (active) when dumped."""
+
+CAP_SYS_PTRACE = 19
+
+
+def ptrace_refused() -> str | None:
+    """Why py-spy may not read an instance here, or None. poprun-py's py-spy is the instance's
+    sibling, not its parent: under Yama's ``ptrace_scope`` 1 or 2 that takes CAP_SYS_PTRACE
+    (which a container may drop), and 3 forbids it to anyone."""
+    yama = Path("/proc/sys/kernel/yama/ptrace_scope")
+    scope = int(yama.read_text()) if yama.exists() else 0
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    capable = bool(int(status["CapEff"], 16) >> CAP_SYS_PTRACE & 1)
+    if scope >= 3:
+        return "kernel.yama.ptrace_scope is 3: no process may ptrace another"
+    if scope >= 1 and not capable:
+        return f"kernel.yama.ptrace_scope is {scope} and this process lacks CAP_SYS_PTRACE"
+    return None
+
+
+def require_ptrace() -> None:
+    """Skip, naming why, where py-spy may not read the instances (CI=true: a failure)."""
+    why = ptrace_refused()
+    if why is not None:
+        import pytest
+
+        pytest.skip(f"needs ptrace rights for py-spy: {why} (sysctl kernel.yama.ptrace_scope=0)")

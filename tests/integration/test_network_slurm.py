@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.core.topology import parse_cpulist
 from poprun_py.prepare.discover import discover_local
 from tests.integration.test_slurm_cli import logs, poprun, squeue_empty
 from tests.slurmcluster import SlurmCluster
@@ -51,35 +52,49 @@ def test_slurm_nodes_get_their_interface_in_the_network(
     assert squeue_empty(slurm_env)
 
 
+def node_hardware(slurm_cluster: SlurmCluster) -> dict[str, int]:
+    """The CPUs and threads per core Slurm gives each test node (slurm.conf, from this
+    machine's ``slurmd -C``: the nodes are namespaces of it)."""
+    line = next(x for x in slurm_cluster.conf.read_text().splitlines() if x.startswith("NodeName="))
+    fields = dict(part.split("=", 1) for part in line.split())
+    return {"cpus": int(fields["CPUs"]), "threads": int(fields["ThreadsPerCore"])}
+
+
 def test_slurm_nodes_topology_is_discovered_and_binds_the_instances_on_whole_nodes(
     slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    cpus = discover_local().numa_nodes[0].cpus  # the nodes share this machine's sysfs
-    if len(cpus) != 2:
-        pytest.skip("the test Slurm's nodes need exactly two CPUs here")
+    every = set(discover_local().cpus)  # the nodes share this machine's sysfs: what they find
+    hardware = node_hardware(slurm_cluster)
     nodes = slurm_cluster.node_names[:2]
     out = tmp_path / "out"
     args = ["launch", "--backend", "slurm", "--hosts", ",".join(nodes), "--time", "5"]
+    per_node = hardware["cpus"]  # one task per CPU: the allocation holds each node whole
     proc = poprun(
-        [*args, "-n", "4", "-o", str(out), "--", "sh", "-c", AFFINITY], slurm_env, tmp_path
-    )  # 4 tasks: the allocation holds both CPUs of each node
+        [*args, "-n", str(2 * per_node), "-o", str(out), "--", "sh", "-c", AFFINITY],
+        slurm_env,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    seen = logs(out, 4)
-    for node in nodes:  # each node's two instances: one CPU each, not the same one
-        mine = sorted(line[2] for line in seen if line[1] == node)
-        assert mine == ["0", "1"], seen
+    seen = logs(out, 2 * per_node)
+    for node in nodes:  # each node's instances: CPUs of their own, all of them between them
+        mine = [set(parse_cpulist(line[2])) for line in seen if line[1] == node]
+        assert len(mine) == per_node and all(mine), seen
+        assert sum(len(cpus) for cpus in mine) == len(set().union(*mine)), seen  # disjoint
+        assert set().union(*mine) == every, seen
     assert "holds only some CPUs" not in proc.stderr
     inside = ["salloc", "--nodes=2", "--ntasks=2", f"--nodelist={','.join(nodes)}", "-t", "5"]
     proc = subprocess.run(
         [*inside, sys.executable, "-m", "poprun_py", *args[:-2], "-n", "2", "-o", str(out),
          "--", "sh", "-c", AFFINITY],
         env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
-    )  # fmt: skip  # inside the user's allocation, not exclusive: one CPU of each node
+    )  # fmt: skip  # inside the user's allocation, not exclusive: one core of each node
     assert proc.returncode == 0, proc.stderr
-    placed = [line[2] for line in logs(out, 2)]  # by Slurm, on the one CPU the job holds
-    assert all(cpu.isdigit() for cpu in placed), placed
-    shared = f"holds only some CPUs of node(s) {nodes[0]} (1 of 2), {nodes[1]} (1 of 2)"
-    assert shared in proc.stderr
+    placed = [line[2] for line in logs(out, 2)]  # by Slurm, on the CPUs the job holds
+    assert all(parse_cpulist(cpus) for cpus in placed), placed
+    held, total = hardware["threads"], len(every)  # a core: its threads
+    shared = f"holds only some CPUs of node(s) {nodes[0]} ({held} of {total}), {nodes[1]} ("
+    # one core is the whole node only on a one-core machine: then no warning is due
+    assert (shared in proc.stderr) == (held < total), proc.stderr
     assert squeue_empty(slurm_env)
 
 

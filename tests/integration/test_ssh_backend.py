@@ -29,6 +29,7 @@ from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
+from poprun_py.core.topology import format_cpulist
 from poprun_py.prepare.discover import discover_local
 from poprun_py.process import stackdump, supervise
 from poprun_py.providers.netns import TestCluster, host_pids
@@ -36,7 +37,7 @@ from poprun_py.render import job as render
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
-from tests.integration.helpers import BINDING_PROBE, CPU1_TOPOLOGY, strays, usable_cpu1
+from tests.integration.helpers import BINDING_PROBE, binding_case, strays
 from tests.unit.test_stackdump import RANKED, fake_pyspy, ranked_pythons
 
 PY = sys.executable
@@ -375,7 +376,9 @@ def test_agent_term_then_kill_after_the_grace_period() -> None:
     proc.stdin.write(b"term\n")
     proc.stdin.flush()
     rest = records(proc.stdout.read())
-    assert 0.4 < time.monotonic() - start < 3.0
+    # not before the 0.5 s grace period; "< 30": killed, not never (generous: a loaded
+    # 2-core machine, or one CPU)
+    assert 0.4 < time.monotonic() - start < 30.0
     assert rest[-2:] == ["k 1 9", "d"]
     assert anywhere(mark) == []
 
@@ -412,10 +415,15 @@ def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
         args, payload = [str(len(source))], source
     argv = [*AGENT_START, remote_agent.BOOTSTRAP, *args]
     job = {"instances": [{"index": 0, "argv": ["echo", "via bootstrap"], "env": {}, "cwd": None}]}
-    cpu = min(os.sched_getaffinity(0))  # any CPU this process may use: no machine assumed
-    assert Path("/sys/devices/system/node/node0").is_dir(), "NUMA node 0 is missing"
+    case = binding_case()  # a CPU this process may use and a node it may allocate on
     job["instances"].append(  # the inlined binding code works in the shipped agent too
-        {"index": 1, "argv": [PY, "-c", BINDING_PROBE], "env": {}, "cpus": [cpu], "mems": [0]}
+        {
+            "index": 1,
+            "argv": [PY, "-c", BINDING_PROBE],
+            "env": {},
+            "cpus": [case.first],
+            "mems": [case.node],
+        }
     )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
     assert proc.stdin is not None and proc.stdout is not None
@@ -426,34 +434,35 @@ def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
     assert [r for r in recs if r.startswith(("o 0", "x 0"))] == ["o 0 via bootstrap", "x 0 0"]
     assert recs[-1] == "d"
     probe = json.loads(next(r for r in recs if r.startswith("o 1 "))[4:])
-    assert probe == {"cpus": str(cpu), "mems": own_mems(), "policies": ["bind:0"]}
+    want = {"cpus": str(case.first), "mems": case.mems, "policies": [f"bind:{case.node}"]}
+    assert probe == want
 
 
-def own_mems() -> str:
-    """This process's ``Mems_allowed_list`` (the cpuset's nodes: a binding leaves it as is)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("Mems_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError("no Mems_allowed_list in /proc/self/status")
-
-
-@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
 def test_agent_binds_each_instance_to_its_cpus_and_nodes() -> None:
+    case = binding_case()  # from this machine: its CPUs, nodes and cpuset
     probe = [PY, "-c", BINDING_PROBE]
+    first = {"cpus": [case.first], "mems": [case.node]}
+    second = {"cpus": [case.second], "mems": []}
+    nowhere = case.spare + 1000  # no such CPU
     job = {
         "instances": [
-            {"index": 0, "argv": probe, "env": {}, "cwd": None, "cpus": [1], "mems": [0]},
-            {"index": 1, "argv": probe, "env": {}, "cwd": None, "cpus": [0], "mems": []},
+            {"index": 0, "argv": probe, "env": {}, "cwd": None, **first},
+            {"index": 1, "argv": probe, "env": {}, "cwd": None, **second},
             {"index": 2, "argv": probe, "env": {}, "cwd": None},
-            {"index": 3, "argv": ["true"], "env": {}, "cwd": None, "cpus": [999]},
+            {"index": 3, "argv": ["true"], "env": {}, "cwd": None, "cpus": [nowhere]},
         ]
     }
     recs = records(finish(agent(job)))
     seen = {int(r.split()[1]): json.loads(r.split(" ", 2)[2]) for r in recs if r[0] == "o"}
-    assert seen[0] == {"cpus": "1", "mems": "0", "policies": ["bind:0"]}
-    assert seen[1] == {"cpus": "0", "mems": "0", "policies": ["default"]}
-    assert seen[2]["policies"] == ["default"]  # unbound: the agent's own, as it was
-    assert "f 3 cannot start 'true': cannot bind to CPUs 999: Invalid argument" in recs
+    assert seen[0] == {
+        "cpus": str(case.first),
+        "mems": case.mems,
+        "policies": [f"bind:{case.node}"],
+    }
+    assert seen[1] == {"cpus": str(case.second), "mems": case.mems, "policies": ["default"]}
+    unbound = {"cpus": format_cpulist(os.sched_getaffinity(0)), "mems": case.mems}
+    assert seen[2] == {**unbound, "policies": ["default"]}  # the agent's own, as it was
+    assert f"f 3 cannot start 'true': cannot bind to CPUs {nowhere}: Invalid argument" in recs
 
 
 def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
@@ -543,13 +552,13 @@ def test_instances_run_on_their_hosts_with_env_shards_and_logs(
 
 
 @hosts
-@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
 def test_instances_are_bound_on_their_hosts_without_numactl(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
     mark = marker()
+    case = binding_case()  # the test hosts are namespaces of this machine: its CPUs and nodes
     hosts = tuple(
-        HostSpec(h.name, address=h.address, topology=CPU1_TOPOLOGY) for h in test_cluster_4.hosts
+        HostSpec(h.name, address=h.address, topology=case.topology) for h in test_cluster_4.hosts
     )
     spec = JobSpec((PY, "-c", BINDING_PROBE, mark), replicas=8, instances=8)
     plan = make_plan(ClusterSpec(name=test_cluster_4.name, hosts=hosts), spec)
@@ -560,9 +569,8 @@ def test_instances_are_bound_on_their_hosts_without_numactl(
     result, lines = run_job(test_cluster_4, job)
     assert result.ok, lines
     seen = {i: json.loads(line) for i, s, line in lines if s == "stdout"}
-    for inst in plan.instances:  # local 0: CPU 1 and memory on node 0; local 1: CPU 0 only
-        want = ("1", ["bind:0"]) if inst.local_index == 0 else ("0", ["default"])
-        assert (seen[inst.index]["cpus"], seen[inst.index]["policies"]) == want
+    for inst in plan.instances:  # local 0: its CPU, memory on its node; local 1: its CPU only
+        assert seen[inst.index] == case.probe(inst.local_index)
     assert_clean(test_cluster_4, mark)
 
 
@@ -643,7 +651,9 @@ def test_first_failure_stops_every_instance_on_every_host(
     plan = plan_on(test_cluster_4, ["sh", "-c", script, "sh", *sleeper(mark)], per_host=2)
     start = time.monotonic()
     result, _ = run_job(test_cluster_4, make_job(plan, str(tmp_path / "job")), grace_period=2.0)
-    assert time.monotonic() - start < 6.0
+    # at the first failure, not when the others' 60 s sleep ends: "< 30" is generous for a
+    # loaded 2-core machine (or one CPU), with the 2 s grace period
+    assert time.monotonic() - start < 30.0
     assert result.exit_code == 3
     root = result.root_cause
     assert root is not None and (root.index, root.state, root.exit_code) == (5, "exited", 3)

@@ -34,9 +34,10 @@ from poprun_py.process.binding import (
 )
 from poprun_py.process.proctree import Spawner
 from poprun_py.render.job import render_job
+from tests.integration.helpers import binding_case
 
-TWO_CPUS = {0, 1} <= os.sched_getaffinity(0)
-NODE0 = Path("/sys/devices/system/node/node0").is_dir()
+CASE = binding_case()
+"""CPUs and a NUMA node of this machine to bind to (any CPU count, node or cpuset)."""
 
 
 def status(pid: int, key: str) -> str:
@@ -55,12 +56,11 @@ def test_syscall_numbers_of_the_supported_architectures() -> None:
     assert binding.syscall_numbers() == SYSCALLS.get(os.uname().machine)
 
 
-@pytest.mark.skipif(not NODE0, reason="no NUMA node 0 in sysfs")
 def test_set_and_get_mempolicy_round_trip_on_a_thread_of_its_own() -> None:
     seen: list[object] = []
 
     def work() -> None:
-        set_mempolicy(MPOL_BIND, [0])
+        set_mempolicy(MPOL_BIND, [CASE.node])  # a node this process may allocate on
         seen.append(get_mempolicy())
         set_mempolicy(MPOL_DEFAULT)
         seen.append(get_mempolicy())
@@ -68,7 +68,7 @@ def test_set_and_get_mempolicy_round_trip_on_a_thread_of_its_own() -> None:
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert seen == [(MPOL_BIND, (0,)), (MPOL_DEFAULT, ())]
+    assert seen == [(MPOL_BIND, (CASE.node,)), (MPOL_DEFAULT, ())]
     assert get_mempolicy() == (MPOL_DEFAULT, ())  # per thread: this one never changed
 
 
@@ -91,21 +91,21 @@ def test_without_numa_policies_memory_stays_unbound_and_cpus_are_bound(
     assert len(os.sched_getaffinity(0)) == len(allowed_cpus())
 
 
-@pytest.mark.skipif(not (TWO_CPUS and NODE0), reason="needs CPUs 0-1 and NUMA node 0")
 def test_spawner_binds_posix_spawn_and_popen_children_and_restores_itself() -> None:
+    before = os.sched_getaffinity(0)
     spawner = Spawner({})
     try:
         for cwd in (None, "/"):  # posix_spawn, then Popen (a working directory)
-            proc = spawner.start(("sleep", "5"), {}, cwd, (1,), (0,))
+            proc = spawner.start(("sleep", "5"), {}, cwd, (CASE.first,), (CASE.node,))
             try:
-                assert status(proc.pid, "Cpus_allowed_list") == "1"
+                assert status(proc.pid, "Cpus_allowed_list") == str(CASE.first)
                 maps = Path(f"/proc/{proc.pid}/numa_maps").read_text().splitlines()
-                assert {line.split()[1] for line in maps} == {"bind:0"}
+                assert {line.split()[1] for line in maps} == {f"bind:{CASE.node}"}
             finally:
                 os.kill(proc.pid, 9)
                 proc.wait()
                 proc.close()
-        assert os.sched_getaffinity(0) >= {0, 1} and get_mempolicy() == (MPOL_DEFAULT, ())
+        assert os.sched_getaffinity(0) == before and get_mempolicy() == (MPOL_DEFAULT, ())
         plain = spawner.start(("true",), {}, None)
         assert plain.wait() == 0
         plain.close()
@@ -128,8 +128,8 @@ def test_the_agent_ships_the_binding_module_inlined_and_parses_as_python_3_7() -
 BIND_ON_OLD_PYTHON = """
 import json, os, sys
 exec(compile(sys.stdin.read(), "agent", "exec"))
-cpu = min(os.sched_getaffinity(0))
-with bound([cpu], [0]):
+cpu, node = min(os.sched_getaffinity(0)), int(sys.argv[1])
+with bound([cpu], [node]):
     inside = sorted(os.sched_getaffinity(0)), list(get_mempolicy())
 print(json.dumps({"cpu": cpu, "inside": inside, "after": list(get_mempolicy())}))
 """
@@ -139,14 +139,14 @@ print(json.dumps({"cpu": cpu, "inside": inside, "after": list(get_mempolicy())})
 @pytest.mark.parametrize("version", ["3.7", "3.8"])
 def test_the_agents_inlined_binding_runs_on_old_pythons(version: str, tmp_path: Path) -> None:
     """The shipped agent source (binding inlined) run by a host's old Python binds for real:
-    the CPU and MPOL_BIND to node 0 inside ``bound``, the default policy again after it."""
+    the CPU and MPOL_BIND to a node of this machine inside ``bound``, the default policy
+    again after it."""
     from tests.integration.test_host_tools import old_python
 
     python = str(old_python(version))
-    assert Path("/sys/devices/system/node/node0").is_dir(), "NUMA node 0 is missing"
     source = inline_modules(Path(remote_agent.__file__).read_bytes()).decode()
     out = subprocess.run(
-        [python, "-S", "-I", "-c", BIND_ON_OLD_PYTHON],
+        [python, "-S", "-I", "-c", BIND_ON_OLD_PYTHON, str(CASE.node)],
         input=source.replace('if __name__ == "__main__":\n    main()', ""),
         capture_output=True,
         text=True,
@@ -156,7 +156,7 @@ def test_the_agents_inlined_binding_runs_on_old_pythons(version: str, tmp_path: 
     )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["inside"] == [[got["cpu"]], [MPOL_BIND, [0]]]
+    assert got["inside"] == [[got["cpu"]], [MPOL_BIND, [CASE.node]]]
     assert got["after"] == [MPOL_DEFAULT, []]
 
 
