@@ -11,6 +11,7 @@ A tool is taken away from one host the same way (a non-executable file mounted o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,12 @@ def launch(
     argv = [sys.executable, "-m", "poprun_py", "launch", "-b", "ssh", "--ssh-config",
             str(cluster.ssh_config), "--hosts", ",".join(h.name for h in hosts),
             "--", *(program or ("sh", "-c", 'echo "ran on $(hostname)"'))]  # fmt: skip
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    # the preflight table is wrapped to COLUMNS (rich): wide, so that a row is one line to
+    # parse whatever the terminal the tests run in (launch has no JSON form of its faults)
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 @pytest.mark.old_pythons
