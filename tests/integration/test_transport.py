@@ -211,7 +211,9 @@ def test_wrong_user_refused_key_and_unreachable_address_are_one_line_each(
     started = time.monotonic()
     with ConnectionPool(hosts, settings) as pool, pytest.raises(PreflightError) as err:
         preflight(pool)
-    assert time.monotonic() - started < 8
+    # not hung: each host's check ends within its 2 s connect timeout, not at TCP's own (about
+    # 2 min); "< 60" is generous for a loaded 2-core machine (or one CPU)
+    assert time.monotonic() - started < 60
     faults = err.value.faults
     assert [(f.host, f.check) for f in faults] == [
         (h1.name, "auth"),
@@ -236,7 +238,9 @@ def test_timeout_stops_the_remote_process_group(test_cluster_4: TestCluster):
         started = time.monotonic()
         with pytest.raises(RemoteTimeout, match="timed out after 1 s"):
             conn.run(["sh", "-c", f"{mark} & {mark}; wait"], timeout=1)
-        assert time.monotonic() - started < 4
+        # at the 1 s timeout, not when the 41 s sleep ends: "< 30" is generous for a loaded
+        # machine (the stop of the remote group is part of it)
+        assert time.monotonic() - started < 30
         assert conn.run(["true"]).exit_code == 0  # the connection is still usable
     assert wait_gone(mark) == []
 

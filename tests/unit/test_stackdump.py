@@ -82,7 +82,9 @@ def test_a_failing_or_hanging_py_spy_gives_nothing_and_is_not_left_running(
     hanging = fake_pyspy(tmp_path, f"echo $$ > {pidfile}; echo partial; exec sleep 30")
     started = time.monotonic()
     assert stackdump.pyspy_dump(hanging, os.getpid(), timeout=0.3) is None
-    assert time.monotonic() - started < 3
+    # given up at its 0.3 s timeout, not when the fake's 30 s sleep ends: "< 15" is generous
+    # for a loaded 2-core machine (or one CPU)
+    assert time.monotonic() - started < 15
     assert alive({int(pidfile.read_text())}) == set()
     assert stackdump.pyspy_dump(str(tmp_path / "absent"), os.getpid()) is None
 
