@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from tests import requirements
 from tests.integration.helpers import REPO, left_behind
 from tests.integration.helpers import poprun_cli as run_cli
 from tests.integration.test_launch_hosts_cli import poprun, spec_for
@@ -158,8 +158,7 @@ def test_jobs_prune_removes_ended_detached_jobs_and_their_records(
 @pytest.fixture
 def two_users() -> Iterator[tuple[str, str]]:
     """Two new Unix users, a victim and an intruder (removed again)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (useradd)")
+    requirements.require("root")  # useradd
     names = [f"pp{kind}{uuid.uuid4().hex[:8]}" for kind in ("v", "x")]
     for name in names:
         subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
@@ -206,9 +205,8 @@ def test_a_job_root_another_user_made_first_is_refused_in_one_line(
         subprocess.run(["rm", "-rf", str(root), str(marker)], check=False)
 
 
+@pytest.mark.requires("root")  # chown to another user
 def test_a_supervisor_refuses_a_detached_root_another_user_owns(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (chown)")
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
@@ -252,12 +250,12 @@ def test_a_supervisor_refuses_a_detached_root_another_user_owns(tmp_path: Path) 
 
 
 @pytest.mark.hosts
-@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
+@pytest.mark.parametrize(
+    "backend", ["ssh", pytest.param("mpirun", marks=pytest.mark.requires("mpirun"))]
+)
 def test_on_the_hosts_a_job_root_another_user_owns_starts_nothing(
     test_cluster_4: TestCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
-    if backend == "mpirun" and shutil.which("mpirun") is None:
-        pytest.skip("Open MPI is not installed")
     shared = tmp_path / "shared"  # the hosts share this file system: their /tmp, as it were
     shared.mkdir()
     shared.chmod(0o1777)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from tests import requirements
 from tests.integration.helpers import need_mpi
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun
 from tests.matrix_rows import ROWS
@@ -102,9 +102,8 @@ def fields(line: str) -> dict[str, str]:
 
 
 def need_mpich() -> None:
-    missing = [n for n in ("mpiexec.hydra",) if shutil.which(n) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (Debian: mpich)")
+    """Skip, naming what is missing and its Debian package (CI=true: a failure)."""
+    requirements.require("mpiexec.hydra")
 
 
 @pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])

@@ -6,7 +6,6 @@ backend says once on stderr that it simulates hosts named after other machines."
 
 from __future__ import annotations
 
-import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -65,12 +64,14 @@ def test_simulated_hosts_are_said_once_on_stderr(tmp_path: Path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("backend", "tool"), [("mpirun", "mpirun"), ("mpiexec", "mpiexec.hydra")])
-def test_mpi_on_this_machine_checks_the_program_before_starting(
-    tmp_path: Path, backend: str, tool: str
-):
-    if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed")
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("mpirun", marks=pytest.mark.requires("mpirun")),
+        pytest.param("mpiexec", marks=pytest.mark.requires("mpiexec.hydra")),
+    ],
+)
+def test_mpi_on_this_machine_checks_the_program_before_starting(tmp_path: Path, backend: str):
     name = f"no-such-program-{uuid.uuid4().hex[:8]}"
     proc = poprun("launch", "--backend", backend, "--hosts", "localhost", "--", name, cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
+from tests import requirements
 from tests.integration.helpers import (
     left_behind,
     marked_on,
@@ -85,12 +85,9 @@ int main(int argc, char **argv) {
 
 
 def need_mpich() -> None:
-    """Skip (saying why) without MPICH's hydra and compiler (Debian: mpich, libmpich-dev)."""
-    missing = [n for n in ("mpiexec.hydra", "mpicc.mpich") if shutil.which(n) is None]
-    if missing:
-        reason = f"MPICH tests skipped: {', '.join(missing)} not installed (Debian: mpich)"
-        print(reason, file=sys.stderr)
-        pytest.skip(reason)
+    """Skip, naming what is missing and its Debian package (CI=true: a failure), without
+    MPICH's hydra and compiler (tests/requirements.py)."""
+    requirements.require("mpiexec.hydra", "mpicc.mpich")
 
 
 @pytest.fixture(scope="module")

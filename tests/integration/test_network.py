@@ -169,8 +169,8 @@ def test_mpi_commands_follow_the_network(cluster: TestCluster, tmp_path: Path) -
 
 
 @pytest.mark.mpi
+@pytest.mark.requires("mpirun", "mpi4py")
 def test_mpirun_on_the_data_network(cluster: TestCluster, tmp_path: Path) -> None:
-    pytest.importorskip("mpi4py")
     spec = spec_for(cluster, tmp_path)
     out = tmp_path / "logs"
     root = Path(__file__).resolve().parents[2]

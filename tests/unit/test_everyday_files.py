@@ -25,7 +25,7 @@ from poprun_py.process.output import LineFeed, Output
 from poprun_py.ssh import sync as ssh_sync
 
 REPO = Path(__file__).resolve().parents[2]
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to another uid)")
+ROOT_ONLY = pytest.mark.requires("root")  # chown to another uid
 
 
 def test_a_log_holds_each_line_as_soon_as_it_is_emitted_and_is_private(tmp_path: Path) -> None:
