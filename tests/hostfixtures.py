@@ -23,21 +23,35 @@ of its namespaces, links or /etc/hosts lines remain.
 
 Several pytest sessions may run at once on one machine, so names carry a per-session tag:
 cluster ``pt<pid>-<prefix>`` with hosts ``<prefix><tag><i>`` (host names must be unique machine
-wide); use ``cluster.hosts[i].name``, never a literal host name. Clusters left behind by killed
-sessions (whose pid is gone) are destroyed when the next session first asks for hosts.
+wide); use ``cluster.hosts[i].name``, never a literal host name.
+
+A killed session leaves its clusters and routes behind; the next session that asks for hosts
+removes them. A session is dead when no process has its pid, or the process that has it started
+at another time than the one recorded in ``<state root>/.sessions/<pid>`` (pids are reused): the
+record is written before the session's first cluster, with every route the session adds.
+
+Tests that cut this machine off some hosts add their routes with :func:`add_route` (removed with
+:func:`delete_route`); routes of dead sessions, and any blackhole/prohibit/unreachable route to a
+test network (198.18.0.0/15) that no cluster has any more, are removed before each new cluster.
+:func:`session_leftovers` names what this session still has (tests/conftest.py checks it at the
+end of the session).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from poprun_py.process.identity import identify
 from poprun_py.providers.netns import (
     DEFAULT_STATE_ROOT,
     TestCluster,
@@ -51,8 +65,14 @@ from tests import requirements
 
 MakeCluster = Callable[..., TestCluster]
 
+SESSIONS_DIR = DEFAULT_STATE_ROOT / ".sessions"  # one record per session that made hosts
+TEST_NETS = (ipaddress.ip_network("198.18.0.0/15"),)  # the test hosts' networks (netns.py)
+ROUTE_KINDS = ("blackhole", "prohibit", "unreachable")  # routes that cut this machine off hosts
+NETNS_DIR = Path("/run/netns")
+
 _SESSION_CLUSTER = re.compile(r"pt(\d+)-[a-z0-9]+")
 _unavailable: set[str] = set()
+_routes: set[tuple[str, str]] = set()  # (kind, address) this session added and still has
 
 
 def session_tag() -> str:
@@ -82,13 +102,174 @@ def require_hosts() -> None:
     pytest.skip(message)
 
 
+# ---------------------------------------------------------------- sessions: alive or dead
+
+
+def _record_path(pid: int) -> Path:
+    return SESSIONS_DIR / str(pid)
+
+
+def _read_record(pid: int) -> dict[str, object] | None:
+    try:
+        record = json.loads(_record_path(pid).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _write_record() -> None:
+    """This session's record: its process's start time and the routes it has added."""
+    me = identify(os.getpid())
+    assert me is not None
+    record = {"start": me[1], "routes": sorted(_routes)}
+    SESSIONS_DIR.mkdir(parents=True, exist_ok=True)
+    temporary = SESSIONS_DIR / f".{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(record) + "\n")
+    temporary.replace(_record_path(os.getpid()))
+
+
+def session_alive(pid: int) -> bool:
+    """Whether the pytest session of ``pid`` still runs: a process has that pid, and it started
+    when the session's record says (a pid reused by a later process is not that session). A
+    session from before the records is judged by its pid alone."""
+    now = identify(pid)
+    if now is None:
+        return False
+    record = _read_record(pid)
+    return record is None or record.get("start") == now[1]
+
+
+@functools.cache
+def register_session() -> None:
+    """Once, before this session's first cluster: remove what dead sessions left (a dead one may
+    have had this pid), then record this session, so that others can tell it lives."""
+    _reap_stale_clusters()
+    _write_record()
+
+
+def forget_session() -> None:
+    """Remove this session's record, once nothing of it is left (end of the session)."""
+    if not session_leftovers():
+        _record_path(os.getpid()).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- routes to test hosts
+
+
+def add_route(kind: str, address: str) -> None:
+    """``ip route add KIND ADDRESS/32`` (``kind`` one of :data:`ROUTE_KINDS`): this machine's
+    packets to ``address`` are dropped or refused until :func:`delete_route`. Recorded first, so
+    that a killed session's route is removed by the next session."""
+    if kind not in ROUTE_KINDS or not _in_test_nets(address):
+        raise ValueError(f"not a test route: {kind} {address}")
+    _routes.add((kind, address))
+    _write_record()
+    subprocess.run(["ip", "route", "add", kind, f"{address}/32"], check=True)
+
+
+def delete_route(kind: str, address: str) -> None:
+    """Remove a route of :func:`add_route`; raises when it was not there."""
+    try:
+        subprocess.run(["ip", "route", "del", kind, f"{address}/32"], check=True)
+    finally:
+        if (kind, address) not in _test_routes():
+            _routes.discard((kind, address))
+            _write_record()
+
+
+def _in_test_nets(address: str) -> bool:
+    return any(ipaddress.ip_address(address) in net for net in TEST_NETS)
+
+
+def _test_routes() -> set[tuple[str, str]]:
+    """(kind, address) of every route of :data:`ROUTE_KINDS` to one address of a test net."""
+    if shutil.which("ip") is None:
+        return set()
+    found: set[tuple[str, str]] = set()
+    for kind in ROUTE_KINDS:
+        argv = ["ip", "-4", "-o", "route", "show", "type", kind]
+        out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+        for fields in (line.split() for line in out.splitlines()):
+            one = len(fields) > 1 and fields[0] == kind and "/" not in fields[1]  # /32: bare
+            if one and _in_test_nets(fields[1]):
+                found.add((kind, fields[1]))
+    return found
+
+
+def _subnets_in_use() -> set[str]:
+    """The /24s (``a.b.c``) that an interface of this namespace has an address in."""
+    argv = ["ip", "-4", "-o", "addr", "show"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+    return set(re.findall(r"inet (\d+\.\d+\.\d+)\.\d+/", out))
+
+
+def _reap_stale_routes() -> None:
+    """Remove the routes of dead sessions, and test routes whose /24 no cluster has any more
+    (a session killed before its records: nothing else could have added them)."""
+    stale: set[tuple[str, str]] = set()
+    for pid in _recorded_sessions():
+        if not session_alive(pid):  # this pid's too, when its record is another session's
+            stale.update(_recorded_routes(pid))
+    in_use = _subnets_in_use()
+    existing = _test_routes()
+    stale.update(r for r in existing if r[1].rsplit(".", 1)[0] not in in_use)
+    for kind, address in stale & existing:
+        subprocess.run(["ip", "route", "del", kind, f"{address}/32"], check=False)
+
+
+def _recorded_routes(pid: int) -> set[tuple[str, str]]:
+    routes = (_read_record(pid) or {}).get("routes")
+    if not isinstance(routes, list):
+        return set()
+    return {(str(r[0]), str(r[1])) for r in routes if isinstance(r, list) and len(r) == 2}
+
+
+def _recorded_sessions() -> list[int]:
+    try:
+        return [int(p.name) for p in SESSIONS_DIR.iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------- stale clusters
+
+
 @functools.cache
 def _reap_stale_clusters() -> None:
-    """Destroy clusters of earlier pytest sessions whose process no longer exists."""
+    """Destroy clusters of earlier pytest sessions that are dead (pid gone or reused), then
+    forget those sessions."""
     for name in list_clusters(DEFAULT_STATE_ROOT):
         match = _SESSION_CLUSTER.fullmatch(name)
-        if match and not Path(f"/proc/{match.group(1)}").exists():
+        if match and not session_alive(int(match.group(1))):
             destroy_cluster(name)
+    _reap_stale_routes()
+    for pid in _recorded_sessions():
+        if pid != os.getpid() and not session_alive(pid):
+            _record_path(pid).unlink(missing_ok=True)
+
+
+def session_leftovers() -> list[str]:
+    """What this session still has of test hosts: network namespaces and routes."""
+    prefix = f"poprun-pt{os.getpid()}-"
+    try:
+        namespaces = sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(prefix))
+    except OSError:
+        namespaces = []
+    left = [f"network namespace {n}" for n in namespaces]
+    left += [f"route {kind} {address}" for kind, address in sorted(_routes & _test_routes())]
+    return left
+
+
+def remove_session_leftovers() -> None:
+    """Destroy this session's clusters and delete its routes (after a failed clean-up)."""
+    for name in list_clusters(DEFAULT_STATE_ROOT):
+        if name.startswith(f"pt{os.getpid()}-"):
+            destroy_cluster(name)
+    for kind, address in sorted(_routes & _test_routes()):
+        subprocess.run(["ip", "route", "del", kind, f"{address}/32"], check=False)
+    _routes.clear()
+    if _record_path(os.getpid()).exists():
+        _write_record()
 
 
 def _assert_gone(cluster: TestCluster) -> None:
@@ -113,7 +294,8 @@ class _Clusters:
 
     def make(self, num_hosts: int, prefix: str, *, data_network: bool = False) -> TestCluster:
         require_hosts()
-        _reap_stale_clusters()
+        register_session()
+        _reap_stale_routes()  # before each cluster: it may get the /24 of a dead session's route
         name = f"pt{os.getpid()}-{prefix}"
         self.names.append(name)
         host_prefix = f"{prefix}{session_tag()}"

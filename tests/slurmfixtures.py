@@ -19,7 +19,8 @@ Example::
 When Slurm cannot start here (not root, packages missing...), the fixtures skip with the
 reason, which is also printed in the terminal summary; with ``CI=true`` they fail instead.
 Names carry the session's pid (cluster ``pt<pid>-slurm``, hosts ``s<tag><i>``) so sessions can
-run side by side; Slurms and hosts of sessions that were killed are removed by the next one.
+run side by side; Slurms and hosts of sessions that were killed (pid gone, or reused by a process
+started at another time: tests.hostfixtures.session_alive) are removed by the next one.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from poprun_py.launch.launcher import JOBS_ROOT
 from poprun_py.providers.netns import can_create_hosts, create_cluster, destroy_cluster, host_pids
-from tests.hostfixtures import session_tag
+from tests.hostfixtures import register_session, session_alive, session_tag
 from tests.slurmcluster import SlurmCluster, can_start_slurm, list_slurm, start_slurm, stop_slurm
 
 SLURM_NODES = 3
@@ -60,10 +60,10 @@ def _require_slurm() -> None:
 
 @functools.cache
 def _reap_stale() -> None:
-    """Stop the Slurms (and hosts) of earlier sessions whose process no longer exists."""
+    """Stop the Slurms (and hosts) of earlier sessions that are dead."""
     for name in list_slurm():
         match = _SESSION.fullmatch(name)
-        if match and not Path(f"/proc/{match.group(1)}").exists():
+        if match and not session_alive(int(match.group(1))):
             stop_slurm(name)
             destroy_cluster(name)
 
@@ -83,6 +83,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """Three Slurm nodes (one slurmd per test host), for the whole session."""
     _require_slurm()
     _reap_stale()
+    register_session()
     name = f"pt{os.getpid()}-slurm"
     started = time.monotonic()
     hosts = create_cluster(name, SLURM_NODES, host_prefix=f"s{session_tag()}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from tests.hostfixtures import add_route, delete_route
 from tests.integration.helpers import marked_on
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
 
@@ -195,10 +196,11 @@ def test_the_job_goes_on_while_the_client_is_cut_off_the_network(
     spec = spec_for(test_cluster_4, tmp_path)
     job = detached(spec, tmp_path, "sh", "-c", wait_go(tmp_path) + 'echo "done $RANK"')
     record = Path(jobs_root()) / job / "job.json"  # the first host's file (one file system)
-    cuts = [["ip", "route", "add", "prohibit", f"{h.address}/32"] for h in test_cluster_4.hosts]
-    for cut in cuts:  # this machine's packets to the hosts are refused; theirs still flow
-        subprocess.run(cut, check=True)
+    cut: list[str] = []
     try:
+        for host in test_cluster_4.hosts:  # this machine's packets to them refused; theirs flow
+            add_route("prohibit", host.address)  # recorded: a killed session's go with the next
+            cut.append(host.address)
         with pytest.raises(OSError):  # this machine cannot reach the hosts any more
             socket.create_connection((test_cluster_4.hosts[0].address, 22), timeout=1).close()
         (tmp_path / "go").touch()
@@ -208,8 +210,8 @@ def test_the_job_goes_on_while_the_client_is_cut_off_the_network(
             time.sleep(0.05)
         assert json.loads(record.read_text())["state"] == "succeeded"
     finally:
-        for cut in cuts:
-            subprocess.run(["ip", "route", "del", *cut[3:]], check=True)
+        for address in cut:
+            delete_route("prohibit", address)
     waited = poprun("wait", job, cwd=tmp_path)
     assert waited.returncode == 0, waited.stderr
     assert poprun("logs", job, cwd=tmp_path).stdout.count("] done ") == 4

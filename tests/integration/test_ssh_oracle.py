@@ -27,7 +27,7 @@ import pytest
 from poprun_py.providers.netns import TestCluster, TestHost
 from poprun_py.ssh.config import RESOLVER_ENV
 from tests import requirements
-from tests.hostfixtures import _Clusters
+from tests.hostfixtures import _Clusters, add_route, delete_route
 from tests.integration.helpers import sessions_started, strays
 
 PY = sys.executable
@@ -115,8 +115,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         for port, key in ((2222, good), (2223, bad)):
             extra = f"HostKey {key}\nHostCertificate {key}-cert.pub\n{trust}"
             _extra_sshd(d, cluster, certs, port, extra.replace(f"HostKey {key}\n", ""))
-        for host in (inner1, inner2):
-            _run(["ip", "route", "add", "blackhole", f"{host.address}/32"])
+        for host in (inner1, inner2):  # recorded: a killed session's go with the next session
+            add_route("blackhole", host.address)
             routes.append(host.address)
         yield Lab(
             cluster,
@@ -131,9 +131,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             cluster.known_hosts,
         )
     finally:
-        for address in routes:
-            subprocess.run(["ip", "route", "del", "blackhole", f"{address}/32"], check=False)
-        clusters.destroy_all()
+        try:
+            for address in routes:
+                delete_route("blackhole", address)
+        finally:
+            clusters.destroy_all()
 
 
 # ---------------------------------------------------------------- the two clients

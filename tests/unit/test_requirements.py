@@ -1,17 +1,24 @@
 """What a test needs of this machine (tests/requirements.py, the hooks in tests/conftest.py):
 a missing program skips its test naming the Debian package; with CI=true every skip fails, by
-its reason, whatever the test's markers, except the documented allowed ones (issue 27)."""
+its reason, whatever the test's markers, except the documented allowed ones (issue 27).
+
+And what a session leaves and takes (tests/conftest.py, tests/hostfixtures.py; issue 26): a
+runner's ignored SIGINT reaches no test's process; a process left running fails the session;
+its XDG directories go with it; the hosts' reaper tells a dead session by pid and start time."""
 
 from __future__ import annotations
 
 import doctest
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests import requirements
+from poprun_py.process.identity import identify
+from tests import hostfixtures, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,3 +145,159 @@ def test_it_runs_on_the_distributions_python_alone() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") == 1
+
+
+# ---------------------------------------------------------------- what a session leaves and takes
+
+SESSION_HOOKS = """
+from tests.conftest import (
+    pytest_configure, pytest_sessionfinish, pytest_sessionstart, pytest_terminal_summary,
+)
+"""
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """An inner session that owns its session (no outer marker), with a short leak grace."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("POPRUN_TEST_SESSION")
+    monkeypatch.setenv("POPRUN_TEST_LEAK_GRACE", "1")
+    return pytester
+
+
+def sigign(pid: int) -> int:
+    """The mask of the signals process ``pid`` ignores (/proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigIgn line")
+
+
+IGNORING = """
+import signal, subprocess, sys
+from tests.unit.test_requirements import sigign
+
+def test_children_start_with_the_default_sigint():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        mask = sigign(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert mask & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGQUIT - 1)) == 0, hex(mask)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+"""
+
+
+@pytest.mark.parametrize("hooks", [True, False], ids=["suite-hooks", "without-them"])
+def test_a_runner_that_ignores_sigint_passes_it_on_to_no_test(
+    inner: pytest.Pytester, hooks: bool
+) -> None:
+    """``cmd &`` in a shell script starts pytest with SIGINT and SIGQUIT ignored; every process
+    a test started would inherit that. The suite's hooks restore the defaults (and the same
+    inner test fails without them: the check can fail)."""
+    inner.makeconftest(SESSION_HOOKS if hooks else "")
+    inner.makepyfile(test_inner=IGNORING)
+    pytest_argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    trap = ["sh", "-c", 'trap "" INT QUIT; exec "$@"', "sh", *pytest_argv]
+    result = inner.run(*trap, "test_inner.py", timeout=120)
+    result.assert_outcomes(passed=1) if hooks else result.assert_outcomes(failed=1)
+
+
+LEAKING = """
+import os, subprocess
+from pathlib import Path
+
+def test_leaves_a_sleeper():
+    Path("xdg").write_text(os.environ["XDG_CACHE_HOME"] + "\\n" + os.environ["XDG_STATE_HOME"])
+    sleeper = subprocess.Popen(["sleep", "61.7"], start_new_session=True)
+    Path("pid").write_text(str(sleeper.pid))
+"""
+
+TIDY = """
+import os, subprocess
+from pathlib import Path
+
+def test_waits_for_its_child():
+    Path("xdg").write_text(os.environ["XDG_CACHE_HOME"] + "\\n" + os.environ["XDG_STATE_HOME"])
+    subprocess.run(["sleep", "0.1"], check=True)
+"""
+
+
+@pytest.mark.parametrize("leak", [True, False], ids=["leaves-a-process", "tidy"])
+def test_a_process_left_running_fails_the_session_and_is_removed(
+    inner: pytest.Pytester, leak: bool
+) -> None:
+    inner.makeconftest(SESSION_HOOKS)
+    inner.makepyfile(test_inner=LEAKING if leak else TIDY)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=1)
+    xdg = (inner.path / "xdg").read_text().split("\n")
+    assert all(path.startswith("/") and not Path(path).exists() for path in xdg), xdg
+    if not leak:
+        assert result.ret == pytest.ExitCode.OK
+        assert "left these behind" not in result.stdout.str()
+        return
+    pid = int((inner.path / "pid").read_text())
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*the session left these behind (now removed):", f"  process {pid}: sleep 61.7"]
+    )
+    assert identify(pid) is None or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_a_session_is_dead_when_its_pid_is_gone_or_names_a_later_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostfixtures, "SESSIONS_DIR", tmp_path)
+    me = identify(os.getpid())
+    assert me is not None
+    assert hostfixtures.session_alive(os.getpid())  # no record: its pid alone
+    (tmp_path / str(os.getpid())).write_text(json.dumps({"start": me[1], "routes": []}))
+    assert hostfixtures.session_alive(os.getpid())
+    (tmp_path / str(os.getpid())).write_text(json.dumps({"start": me[1] - 1, "routes": []}))
+    assert not hostfixtures.session_alive(os.getpid())  # this pid was another's, earlier
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    assert not hostfixtures.session_alive(int(gone.stdout))
+
+
+ROUTE = ("blackhole", "198.19.255.254")  # a test net's address no cluster of netns.py gets
+
+
+@pytest.mark.requires("root", "ip")
+def test_the_reaper_removes_a_dead_sessions_routes_and_keeps_a_live_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostfixtures, "SESSIONS_DIR", tmp_path)
+    # ROUTE's /24 counts as a cluster's (the records alone decide), and so do the real ones:
+    # without them, this reaper would take the routes of sessions running meanwhile
+    in_use = hostfixtures._subnets_in_use
+    monkeypatch.setattr(hostfixtures, "_subnets_in_use", lambda: {*in_use(), "198.19.255"})
+    monkeypatch.setattr(hostfixtures, "_routes", set())
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    try:
+        hostfixtures.add_route(*ROUTE)  # recorded as this (live) session's
+        hostfixtures._reap_stale_routes()
+        assert ROUTE in hostfixtures._test_routes()
+        assert hostfixtures.session_leftovers() == [f"route {ROUTE[0]} {ROUTE[1]}"]
+        (tmp_path / str(os.getpid())).unlink()
+        record = {"start": 1, "routes": [list(ROUTE)]}
+        (tmp_path / dead.stdout.strip()).write_text(json.dumps(record))  # the dead one's
+        hostfixtures._reap_stale_routes()
+        assert ROUTE not in hostfixtures._test_routes()
+    finally:
+        subprocess.run(["ip", "route", "del", ROUTE[0], f"{ROUTE[1]}/32"], check=False)
+
+
+@pytest.mark.requires("root", "ip")
+def test_the_reaper_removes_a_test_route_whose_subnet_no_cluster_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostfixtures, "SESSIONS_DIR", tmp_path)
+    subprocess.run(["ip", "route", "add", ROUTE[0], f"{ROUTE[1]}/32"], check=True)  # unrecorded
+    try:
+        assert ROUTE in hostfixtures._test_routes()
+        hostfixtures._reap_stale_routes()
+        assert ROUTE not in hostfixtures._test_routes()
+    finally:
+        subprocess.run(["ip", "route", "del", ROUTE[0], f"{ROUTE[1]}/32"], check=False)
