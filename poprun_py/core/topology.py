@@ -11,13 +11,15 @@ Example:
     [(0, 1, 2, 3), (4, 5, 6, 7)]
     >>> parse_cpulist("0-2,8,10-11")
     (0, 1, 2, 8, 10, 11)
+    >>> [n.cpus for n in within(topo, (1, 2, 3)).numa_nodes]   # taskset -c 1-3, a cpuset
+    [(1, 2, 3)]
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from poprun_py.errors import UsageError
 
@@ -157,3 +159,21 @@ def uniform(num_nodes: int, cpus_per_node: int, devices_per_node: int = 0) -> To
             for i in range(num_nodes)
         )
     )
+
+
+def within(topo: Topology, allowed: Iterable[int]) -> Topology:
+    """``topo`` cut down to the CPUs a process may use there (its affinity: ``taskset``, a
+    cgroup's cpuset, a Slurm allocation), as hwloc and Open MPI see a machine: each NUMA node
+    keeps its allowed CPUs, and a node left with none is dropped unless devices are attached to
+    it (a node that never had CPUs, memory only, stays). A binding outside them would fail
+    (``numactl: <1> is invalid``). Unchanged when no CPU of ``topo`` is allowed: then ``allowed``
+    describes another machine."""
+    keep = set(allowed)
+    if not keep & set(topo.cpus):
+        return topo
+    nodes = tuple(
+        replace(n, cpus=tuple(c for c in n.cpus if c in keep))
+        for n in topo.numa_nodes
+        if not n.cpus or n.devices or keep & set(n.cpus)
+    )
+    return replace(topo, numa_nodes=nodes)

@@ -6,7 +6,8 @@ program are found; the program's script file exists; whether ``numactl`` exists 
 are bound (a fault only for commands that use it: :func:`check_numactl` after rendering, since
 poprun-py binds instances itself and needs numactl only where a template asks for it, e.g.
 mpiexec's ranks); the NUMA topology (``/sys/devices/system/node/node*/cpulist`` with file names,
-else ``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology`; the GPUs, RDMA NICs
+else ``lscpu -p=CPU,NODE``), parsed with :mod:`poprun_py.core.topology` and cut to the CPUs a
+login there may use (its ``Cpus_allowed_list``: a cpuset, a Slurm job); the GPUs, RDMA NICs
 and interfaces (:data:`poprun_py.core.hardware.DISCOVERY_SCRIPT`, shell builtins but for
 ``nvidia-smi`` where an NVIDIA GPU is, and ``ip`` with ``--network``), attached to that
 topology; with ``--network CIDR``, a host with no address in CIDR is a fault. On the launching
@@ -47,7 +48,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from poprun_py.core.hardware import DISCOVERY_SCRIPT, Hardware, parse_discovery, with_hardware
-from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
+from poprun_py.core.topology import (
+    Topology,
+    TopologyError,
+    parse_cpulist,
+    parse_lscpu,
+    parse_sysfs_nodes,
+    within,
+)
 from poprun_py.errors import Fault, PreflightError
 
 if TYPE_CHECKING:
@@ -123,6 +131,10 @@ for kind in cmd file; do
 done
 if [ "$1" = 1 ]; then command -v numactl >/dev/null 2>&1 && echo "numactl 1" || echo "numactl 0"; fi
 if [ "$2" = 1 ]; then
+  if [ -r /proc/self/status ]; then  # the CPUs a login may use (taskset, cpuset, Slurm job)
+    while read -r k v; do [ "$k" = Cpus_allowed_list: ] && echo "allowed $v"
+    done < /proc/self/status
+  fi
   for f in /sys/devices/system/node/node*/cpulist; do break; done
   if [ -r "$f" ]; then
     echo "topology sysfs"; grep -H '' /sys/devices/system/node/node*/cpulist
@@ -279,11 +291,24 @@ def parse_check_output(host: str, checks: Checks, text: str) -> tuple[list[Fault
     hardware = _parse_hardware(hw_text) if checks.hardware else None
     if topo is not None and hardware is not None:
         topo = with_hardware(topo, hardware)
+    if topo is not None:
+        topo = within(topo, _allowed(head))
     if checks.network and hardware is not None and hardware.interface_in(checks.network) is None:
         has = hardware.describe_addresses()
         faults.append(Fault(host, "network", f"no address in {checks.network} (has: {has})"))
     report = HostReport(host, topo, source, numactl=numactl, hardware=hardware)
     return faults, report
+
+
+def _allowed(head: str) -> tuple[int, ...]:
+    """The CPUs the host's ``allowed`` line names (none when it has none, or a bad one)."""
+    for line in head.splitlines():
+        if line.startswith("allowed "):
+            try:
+                return parse_cpulist(line.removeprefix("allowed "))
+            except TopologyError:
+                return ()
+    return ()
 
 
 def _parse_hardware(text: str) -> Hardware | None:

@@ -22,7 +22,13 @@ import subprocess
 from pathlib import Path
 
 from poprun_py.core.hardware import DISCOVERY_SCRIPT, Hardware, parse_discovery, with_hardware
-from poprun_py.core.topology import Topology, TopologyError, parse_lscpu, parse_sysfs_nodes
+from poprun_py.core.topology import (
+    Topology,
+    TopologyError,
+    parse_lscpu,
+    parse_sysfs_nodes,
+    within,
+)
 
 SYSFS_NODES = "/sys/devices/system/node"
 
@@ -55,7 +61,12 @@ def read_sysfs(root: str | os.PathLike[str] = SYSFS_NODES) -> Topology:
 
 
 def discover_local(root: str | os.PathLike[str] = SYSFS_NODES) -> Topology:
-    """This machine's topology: sysfs first, then ``lscpu -p``, then one node with every CPU."""
+    """This machine's topology as this process may use it (:func:`_here`): sysfs first, then
+    ``lscpu -p``, then one node with every CPU."""
+    return _here(_read_nodes(root), root)
+
+
+def _read_nodes(root: str | os.PathLike[str]) -> Topology:
     try:
         return read_sysfs(root)
     except (OSError, TopologyError):
@@ -68,6 +79,12 @@ def discover_local(root: str | os.PathLike[str] = SYSFS_NODES) -> Topology:
     except (OSError, subprocess.SubprocessError, TopologyError):
         cpus = sorted(os.sched_getaffinity(0))
         return parse_sysfs_nodes({"node0": ",".join(map(str, cpus))})
+
+
+def _here(topo: Topology, root: str | os.PathLike[str]) -> Topology:
+    """``topo`` within this process's CPUs (``taskset``, a cpuset: a binding outside them fails)
+    when it is this machine's; a fixture tree describes another machine and is left whole."""
+    return within(topo, os.sched_getaffinity(0)) if str(root) == SYSFS_NODES else topo
 
 
 def discovery_argv(sys_root: str = "", addresses: bool = False) -> list[str]:
@@ -96,4 +113,5 @@ def discover_hardware(
 def discover_machine(sys_root: str = "", environ: dict[str, str] | None = None) -> Topology:
     """This machine's NUMA topology with its GPUs and RDMA NICs attached."""
     nodes = f"{sys_root}/sys/devices/system/node" if sys_root else SYSFS_NODES
-    return with_hardware(discover_local(nodes), discover_hardware(sys_root, environ=environ))
+    found = with_hardware(_read_nodes(nodes), discover_hardware(sys_root, environ=environ))
+    return _here(found, nodes)  # after the devices: a GPU keeps its node
