@@ -1,5 +1,6 @@
-"""What the tests need of this machine -- programs, Python modules, root -- and what brings each:
-one table (:data:`NEEDS`), for the tests, ``scripts/install-deps.sh`` and ``scripts/test.sh``.
+"""What the tests need of this machine -- programs, Python modules, root, ptrace rights -- and
+what brings each: one table (:data:`NEEDS`), for the tests, ``scripts/install-deps.sh`` and
+``scripts/test.sh``.
 
 A test names what it needs with the ``requires`` marker (or, inside a helper, :func:`require`):
 
@@ -53,6 +54,8 @@ class Need(NamedTuple):
     source: str  # the Debian package; for pip: "pip"; for a privilege: what it is for
 
     def present(self) -> bool:
+        if self.name == "ptrace":
+            return ptrace_refused() is None
         if self.kind == "privilege":
             return os.geteuid() == 0
         if self.kind == "module":
@@ -62,11 +65,61 @@ class Need(NamedTuple):
         )
 
     def describe(self) -> str:
+        if self.name == "ptrace":
+            why = ptrace_refused()
+            return f"{self.name} ({self.source}{': here ' + why if why else ''}; {PTRACE_FIX})"
         if self.kind == "privilege":
             return f"{self.name} ({self.source})"
         if self.source == "pip":
             return f"{self.name} (pip: the test extras, which scripts/test.sh installs)"
         return f"{self.name} (Debian package {self.source})"
+
+
+YAMA = "/proc/sys/kernel/yama/ptrace_scope"
+"""Yama's ptrace rule (absent without Yama: classic rules, a user may trace its own processes)."""
+CAP_SYS_PTRACE = 19
+PTRACE_FIX = (
+    "to allow it: sysctl kernel.yama.ptrace_scope=0 (as root), or run the tests as root with "
+    "CAP_SYS_PTRACE"
+)
+
+
+def ptrace_refused(scope: int | None = None, capable: bool | None = None) -> str | None:
+    """Why this process may not ptrace a process it did not start (py-spy reading a sibling, as
+    poprun-py's does an instance), or None: Yama's ``ptrace_scope`` 1 or 2 takes CAP_SYS_PTRACE
+    (which a container may drop), 3 forbids it to anyone. ``scope`` and ``capable`` default to
+    this process's (:data:`YAMA`, its effective capabilities).
+
+    >>> ptrace_refused(0, False) is None and ptrace_refused(1, True) is None
+    True
+    >>> ptrace_refused(1, False)
+    'kernel.yama.ptrace_scope is 1 and this process lacks CAP_SYS_PTRACE'
+    """
+    if scope is None:
+        scope = _yama_scope()
+    if capable is None:
+        capable = _capable(CAP_SYS_PTRACE)
+    if scope >= 3:
+        return "kernel.yama.ptrace_scope is 3: no process may ptrace another (until a reboot)"
+    if scope >= 1 and not capable:
+        return f"kernel.yama.ptrace_scope is {scope} and this process lacks CAP_SYS_PTRACE"
+    return None
+
+
+def _yama_scope() -> int:
+    try:
+        with open(YAMA) as rule:
+            return int(rule.read())
+    except FileNotFoundError:
+        return 0
+
+
+def _capable(capability: int) -> bool:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split(":", 1)[1], 16) >> capability & 1)
+    return os.geteuid() == 0
 
 
 def _programs(package: str, *names: str) -> list[Need]:
@@ -99,6 +152,7 @@ NEEDS = {
         *_programs("slurm-client", "srun", "salloc", "sbatch", "squeue", "scancel", "sinfo"),
         *_programs("munge", "munged"),
         *_programs("pip", "py-spy"),
+        Need("ptrace", "privilege", "py-spy reads processes it did not start"),
         Need("mpi4py", "module", "pip"),
     ]
 }
@@ -191,15 +245,20 @@ def summary(lacking: list[Need], effect: str = "the tests that need them skip, n
     by_source: dict[str, list[str]] = {}
     for need in lacking:
         by_source.setdefault(need.source, []).append(need.name)
-    parts = [
-        f"{'/'.join(names)} ({source})" if names != ["root"] else "not root (test hosts)"
-        for source, names in by_source.items()
-    ]
+    parts = [_part(source, names) for source, names in by_source.items()]
     packages = debian_packages(lacking)
     line = "missing here: " + ", ".join(parts) + "; " + effect
     if packages:
         line += "; to add them, as root: apt-get install " + " ".join(packages)
     return line
+
+
+def _part(source: str, names: list[str]) -> str:
+    if names == ["root"]:
+        return "not root (test hosts)"
+    if names == ["ptrace"]:
+        return NEEDS["ptrace"].describe()
+    return f"{'/'.join(names)} ({source})"
 
 
 def main(argv: list[str]) -> int:

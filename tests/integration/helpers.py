@@ -343,29 +343,3 @@ def binding_case() -> BindingCase:
 
 PYSPY_THREAD = r"^Thread \d+ \((?:idle|active)\)"
 """py-spy's header of a thread: sleeping (idle) or running (active) when dumped."""
-
-CAP_SYS_PTRACE = 19
-
-
-def ptrace_refused() -> str | None:
-    """Why py-spy may not read an instance here, or None. poprun-py's py-spy is the instance's
-    sibling, not its parent: under Yama's ``ptrace_scope`` 1 or 2 that takes CAP_SYS_PTRACE
-    (which a container may drop), and 3 forbids it to anyone."""
-    yama = Path("/proc/sys/kernel/yama/ptrace_scope")
-    scope = int(yama.read_text()) if yama.exists() else 0
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    capable = bool(int(status["CapEff"], 16) >> CAP_SYS_PTRACE & 1)
-    if scope >= 3:
-        return "kernel.yama.ptrace_scope is 3: no process may ptrace another"
-    if scope >= 1 and not capable:
-        return f"kernel.yama.ptrace_scope is {scope} and this process lacks CAP_SYS_PTRACE"
-    return None
-
-
-def require_ptrace() -> None:
-    """Skip, naming why, where py-spy may not read the instances (CI=true: a failure)."""
-    why = ptrace_refused()
-    if why is not None:
-        import pytest
-
-        pytest.skip(f"needs ptrace rights for py-spy: {why} (sysctl kernel.yama.ptrace_scope=0)")

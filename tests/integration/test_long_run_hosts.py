@@ -24,7 +24,7 @@ import pytest
 
 from poprun_py.providers.netns import TestCluster
 from tests.hostfixtures import MakeCluster
-from tests.integration.helpers import PYSPY_THREAD, require_ptrace
+from tests.integration.helpers import PYSPY_THREAD
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
 from tests.integration.test_slurm_cli import squeue_empty
 from tests.slurmcluster import SlurmCluster
@@ -276,11 +276,10 @@ def test_a_signal_that_a_helper_thread_takes_is_acted_on_at_once(
 
 
 @pytest.mark.parametrize("backend", ["ssh", "mpirun", "mpiexec"])
-@pytest.mark.requires("py-spy")
+@pytest.mark.requires("py-spy", "ptrace")  # the agents' py-spy reads instances it did not start
 def test_a_hang_is_caught_with_every_stack_in_the_logs(
     test_cluster_4: TestCluster, tmp_path: Path, backend: str
 ) -> None:
-    require_ptrace()  # the agents' py-spy reads instances it did not start
     spec = spec_for(test_cluster_4, tmp_path)  # grace period 2 s
     program = tmp_path / "hang.py"
     program.write_text(HANG_IN_A_FUNCTION)
@@ -467,12 +466,14 @@ def test_slurm_restarts_in_a_new_step_and_forwards_usr1_and_usr2(
         assert f"attempt 1 1 {rank}" in out
 
 
-@pytest.mark.parametrize("pyspy", [pytest.param(True, marks=pytest.mark.requires("py-spy")), False])
+# the dump step's py-spy reads tasks it did not start
+DUMPED_BY_PYSPY = pytest.param(True, marks=pytest.mark.requires("py-spy", "ptrace"))
+
+
+@pytest.mark.parametrize("pyspy", [DUMPED_BY_PYSPY, False])
 def test_a_hung_slurm_step_has_every_stack_in_the_logs(
     slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path, pyspy: bool
 ) -> None:
-    if pyspy:
-        require_ptrace()  # the dump step's py-spy reads tasks it did not start
     program = tmp_path / "hang.py"
     program.write_text(HANG_IN_A_FUNCTION)
     logs = tmp_path / "logs"

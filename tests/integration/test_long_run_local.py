@@ -21,7 +21,7 @@ from poprun_py.backends.result import RunOptions
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Child, Supervision
-from tests.integration.helpers import PYSPY_THREAD, require_ptrace
+from tests.integration.helpers import PYSPY_THREAD
 from tests.integration.test_long_run_hosts import (
     HANG,
     HANG_IN_A_FUNCTION,
@@ -185,13 +185,12 @@ def strays(mark: str) -> list[str]:
         pytest.param("mpiexec", marks=[pytest.mark.mpi, pytest.mark.requires("mpiexec.hydra")]),
     ],
 )
-@pytest.mark.requires("py-spy")
+@pytest.mark.requires("py-spy", "ptrace")  # poprun-py's py-spy reads what it did not start
 def test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr(
     tmp_path: Path, backend: str
 ) -> None:
     """Local supervision dumps its instances; a local mpirun/mpiexec, its ranks found by their
     rank variables in the launcher's process tree."""
-    require_ptrace()  # poprun-py's py-spy reads instances it did not start
     code, err, logs = hang_locally(tmp_path, HANG_IN_A_FUNCTION, WITH_PYSPY, backend)
     assert code == 124
     hung = (logs / "instance-2.log").read_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,6 +146,67 @@ def test_it_runs_on_the_distributions_python_alone() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") == 1
+
+
+# ---------------------------------------------------------------- ptrace rights (py-spy)
+
+PYSPY_TESTS = (  # every test whose py-spy reads a process it did not start
+    "tests/integration/test_long_run_local.py::"
+    "test_a_local_hang_is_dumped_by_py_spy_into_the_hung_instances_log_and_stderr",
+    "tests/integration/test_long_run_hosts.py::test_a_hang_is_caught_with_every_stack_in_the_logs",
+    "tests/integration/test_long_run_hosts.py::test_a_hung_slurm_step_has_every_stack_in_the_logs"
+    "[True]",
+    "tests/unit/test_slurm_stacks.py::test_the_dump_step_reports_each_ranks_stacks_as_records",
+)
+
+NO_PTRACE = """
+from tests import requirements
+
+def pytest_configure(config):
+    requirements.YAMA = {yama!r}  # Yama's ptrace_scope 3: nobody may ptrace
+"""
+
+
+def test_ptrace_is_refused_by_yama_or_for_want_of_cap_sys_ptrace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    yama = tmp_path / "ptrace_scope"
+    monkeypatch.setattr(requirements, "YAMA", str(yama))
+    assert requirements.NEEDS["ptrace"].present()  # no Yama: a user may trace its own
+    for scope, capable, present in [(1, True, True), (1, False, False), (3, True, False)]:
+        yama.write_text(f"{scope}\n")
+        monkeypatch.setattr(requirements, "_capable", lambda _: capable)
+        assert requirements.NEEDS["ptrace"].present() == present, (scope, capable)
+    why = requirements.reason(["ptrace"])
+    assert why.startswith("needs ptrace (py-spy reads processes it did not start: here ")
+    assert "kernel.yama.ptrace_scope is 3" in why and "sysctl kernel.yama.ptrace_scope=0" in why
+    assert "run the tests as root" in why
+
+
+@pytest.mark.parametrize("ci", [False, True], ids=["skips", "ci-fails"])
+def test_the_py_spy_tests_need_ptrace_through_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ci: bool
+) -> None:
+    """Without ptrace rights, each py-spy test skips at set-up (before its fixtures start
+    anything) naming the fix; with CI=true each fails. ``--setup-plan`` runs no test body: a
+    test that checked by hand, in its body, would show as passed here."""
+    (tmp_path / "ptrace_scope").write_text("3\n")
+    (tmp_path / "no_ptrace.py").write_text(NO_PTRACE.format(yama=str(tmp_path / "ptrace_scope")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("CI", None)
+    env.update({"CI": "true"} if ci else {})
+    argv = [sys.executable, "-m", "pytest", "-p", "no_ptrace", "-p", "no:randomly", "-rfEs"]
+    argv += ["-p", "no:cacheprovider", "--setup-plan", *PYSPY_TESTS]
+    out = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    ).stdout
+    expected = "8 errors" if ci else "8 skipped"
+    assert re.search(rf"^=+ {expected} in ", out, re.M), out
+    reasons = [line for line in out.splitlines() if line.startswith(("SKIPPED", "ERROR"))]
+    assert len(reasons) == (8 if ci else 4), out  # -rs: one line a reason and file
+    for line in reasons:
+        assert "needs " in line and "ptrace (" in line, line
+        assert "sysctl kernel.yama.ptrace_scope=0" in line, line
 
 
 # ---------------------------------------------------------------- what a session leaves and takes

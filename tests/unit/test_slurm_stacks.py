@@ -43,6 +43,7 @@ def test_a_steps_tasks_are_found_by_their_environment_under_slurms_rank(
     assert dump_step("t-job", "5", None) == {}  # another step of the job
 
 
+@pytest.mark.requires("ptrace")  # py-spy reads a task it did not start
 def test_the_dump_step_reports_each_ranks_stacks_as_records(task: subprocess.Popen[bytes]) -> None:
     if find_pyspy() is None:
         pytest.skip(requirements.reason(["py-spy"]))
