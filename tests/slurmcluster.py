@@ -72,6 +72,7 @@ from poprun_py.errors import ProvisionError
 from poprun_py.process.commands import command_output, last_line
 from poprun_py.process.proctree import alive, with_descendants
 from poprun_py.providers.netns import TestCluster, TestHost, host_pids
+from tests.ports import held_port
 
 __all__ = [
     "DEFAULT_STATE_ROOT",
@@ -303,16 +304,17 @@ def _start(
     name: str, hosts: TestCluster, state_dir: Path, deadline: float, private: tuple[str, ...]
 ) -> SlurmCluster:
     _make_dirs(state_dir, [h.name for h in hosts.hosts])
-    controller = (socket.gethostname().split(".")[0], hosts.gateway, _free_port(hosts.gateway))
-    nodes = [(h.name, h.address) for h in hosts.hosts]
     conf = state_dir / "slurm.conf"
-    hardware = node_config(_output([_tool("slurmd"), "-C"]))
-    conf.write_text(slurm_conf_text(name, state_dir, controller, nodes, hardware))
-    (state_dir / "cgroup.conf").write_text(CGROUP_CONF)
-    _write_record(state_dir, name, controller, hosts.hosts)
-    munged = _start_munged(state_dir, deadline)
-    ctld = _spawn([_tool("slurmctld"), "-D", "-i", "-f", str(conf)], state_dir, "slurmctld")
-    _wait_port(controller[1], controller[2], state_dir / "log" / "slurmctld.log", deadline)
+    with held_port(hosts.gateway) as port:  # until slurmctld listens on it (tests/ports.py)
+        controller = (socket.gethostname().split(".")[0], hosts.gateway, port)
+        nodes = [(h.name, h.address) for h in hosts.hosts]
+        hardware = node_config(_output([_tool("slurmd"), "-C"]))
+        conf.write_text(slurm_conf_text(name, state_dir, controller, nodes, hardware))
+        (state_dir / "cgroup.conf").write_text(CGROUP_CONF)
+        _write_record(state_dir, name, controller, hosts.hosts)
+        munged = _start_munged(state_dir, deadline)
+        ctld = _spawn([_tool("slurmctld"), "-D", "-i", "-f", str(conf)], state_dir, "slurmctld")
+        _wait_port(controller[1], controller[2], state_dir / "log" / "slurmctld.log", deadline)
     slurmds = [_start_slurmd(host, conf, state_dir, private) for host in hosts.hosts]
     cluster = SlurmCluster(
         name=name,
@@ -337,13 +339,6 @@ def _make_dirs(state_dir: Path, hosts: Sequence[str]) -> None:
     for sub in ("munge", "ctld", "log", *(f"spool/{h}" for h in hosts)):
         (state_dir / sub).mkdir(mode=0o755, parents=True)
     os.chmod(state_dir, 0o755)
-
-
-def _free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _write_record(

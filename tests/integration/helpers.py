@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -79,13 +78,6 @@ def run_local(
     opts = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)), **options)  # type: ignore[arg-type]
     job = make_job(plan, tmp_path / "job", available)
     return LocalBackend().run(job, opts), lines
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def example_inputs(data_dir: Path) -> InputSet:

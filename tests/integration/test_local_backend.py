@@ -24,7 +24,6 @@ from tests.integration.helpers import (
     REPO,
     binding_case,
     example_inputs,
-    free_port,
     left_behind,
     machine_nodes,
     make_job,
@@ -33,6 +32,7 @@ from tests.integration.helpers import (
     run_local,
     zombies,
 )
+from tests.ports import held_port
 
 PY = sys.executable
 
@@ -206,8 +206,9 @@ def test_unstartable_program_is_reported_not_raised(tmp_path: Path) -> None:
 def test_example_training_loss_falls_and_instances_agree(tmp_path: Path) -> None:
     inputs = example_inputs(tmp_path / "data")
     program = [PY, str(EXAMPLES / "train.py"), "--steps", "20", "--timeout", "20"]
-    plan = plan_for(program, "h1,h2", instances=4, inputs=inputs, master_port=free_port())
-    result, lines = run_local(plan, tmp_path)
+    with held_port() as port:  # until rank 0 binds it (tests/ports.py)
+        plan = plan_for(program, "h1,h2", instances=4, inputs=inputs, master_port=port)
+        result, lines = run_local(plan, tmp_path)
     assert result.ok, lines
     losses: dict[int, list[float]] = {}
     for index, stream, line in lines:
@@ -225,11 +226,14 @@ def test_example_training_fails_cleanly_when_a_peer_never_comes(tmp_path: Path) 
         "RANK": "1",
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
     }
     env.pop("OMPI_COMM_WORLD_SIZE", None)
     program = [PY, str(EXAMPLES / "train.py"), "--timeout", "0.5", "--data", str(tmp_path)]
-    done = subprocess.run(program, env=env, capture_output=True, text=True, timeout=60, check=False)
+    with held_port() as port:  # nothing listens on it, and nothing else may meanwhile
+        env["MASTER_PORT"] = str(port)
+        done = subprocess.run(
+            program, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
     assert done.returncode == 1
     assert done.stderr.startswith("train.py: error: rank 1: cannot reach rank 0 at 127.0.0.1:")
     assert len(done.stderr.splitlines()) == 1

@@ -17,7 +17,6 @@ from poprun_py.process.output import LAUNCHER_INDEX, Output
 from tests.integration.helpers import (
     EXAMPLES,
     example_inputs,
-    free_port,
     left_behind,
     mpirun_job,
     need_mpi,
@@ -27,6 +26,7 @@ from tests.integration.helpers import (
     wait_ready,
     zombies,
 )
+from tests.ports import held_port
 
 PY = sys.executable
 
@@ -80,8 +80,9 @@ def test_training_example_under_mpi_uses_allreduce(tmp_path: Path) -> None:
     need_mpi()
     inputs = example_inputs(tmp_path / "data")
     program = [PY, str(EXAMPLES / "train.py"), "--steps", "20"]
-    plan = plan_for(program, "localhost", instances=4, inputs=inputs, master_port=free_port())
-    result, lines = run_mpi(plan, tmp_path)
+    with held_port() as port:  # MASTER_PORT, the run's until it ends (tests/ports.py)
+        plan = plan_for(program, "localhost", instances=4, inputs=inputs, master_port=port)
+        result, lines = run_mpi(plan, tmp_path)
     assert result.ok, lines
     finals = {i: line for i, s, line in lines if s == "stdout" and line.startswith("final")}
     assert sorted(finals) == [0, 1, 2, 3]

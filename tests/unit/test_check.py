@@ -131,26 +131,24 @@ def test_reports_are_written_as_json_dumps_writes_them() -> None:
 def test_instances_check_against_rank_0_and_the_missing_rank_is_named() -> None:
     """Instances in threads of this process, over real sockets: all pass; with a rank that
     never connects, the others report it missing at the deadline, and it alone is named."""
-    import socket
     import threading
 
     from poprun_py.check_instance import run
+    from tests.ports import held_port
 
     def check(ranks: range, timeout: float) -> dict[int, dict[str, Any]]:
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            port = str(free.getsockname()[1])
-        env = {"WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         reports: dict[int, dict[str, Any]] = {}
+        with held_port() as port:  # until rank 0 has bound it (tests/ports.py)
+            env = {"WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
-        def one(rank: int) -> None:
-            reports[rank] = run({**env, "RANK": str(rank)}, timeout)
+            def one(rank: int) -> None:
+                reports[rank] = run({**env, "RANK": str(rank)}, timeout)
 
-        threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+            threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         return reports
 
     good = check(range(3), 5.0)
@@ -175,17 +173,19 @@ def test_a_late_rank_is_still_served_on_python_3_7() -> None:
     """Rank 0 serves the check; on Python 3.7-3.9 its accept timeout is ``socket.timeout``,
     not yet ``TimeoutError``: a rank that connects after the first 0.1 s must still get in."""
     from poprun_py.launch.check import CHECK_MAIN, CHECK_VAR, check_source
-    from poprun_py.prepare.job import free_port
     from tests.integration.test_host_tools import old_python
+    from tests.ports import held_port
 
     python = str(old_python("3.7"))
     base = {"PATH": os.environ["PATH"], "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    base |= {"MASTER_PORT": str(free_port()), "POPRUN_HOST_NAME": "h1", CHECK_VAR: check_source()}
+    base |= {"POPRUN_HOST_NAME": "h1", CHECK_VAR: check_source()}
     argv = [python, "-c", CHECK_MAIN, "--timeout", "10"]
-    first = subprocess.Popen(argv, env={**base, "RANK": "0"}, stdout=subprocess.PIPE, text=True)
-    late = ["sh", "-c", 'sleep 1; exec "$@"', "late", *argv]  # the late rank, 1 s after
-    env = {**base, "RANK": "1"}
-    second = subprocess.run(late, env=env, capture_output=True, text=True, check=False)
-    out, _ = first.communicate(timeout=30)
+    with held_port() as port:  # until rank 0 has bound it (tests/ports.py)
+        base["MASTER_PORT"] = str(port)
+        first = subprocess.Popen(argv, env={**base, "RANK": "0"}, stdout=subprocess.PIPE, text=True)
+        late = ["sh", "-c", 'sleep 1; exec "$@"', "late", *argv]  # the late rank, 1 s after
+        env = {**base, "RANK": "1"}
+        second = subprocess.run(late, env=env, capture_output=True, text=True, check=False)
+        out, _ = first.communicate(timeout=30)
     reports = [json.loads(o.split(" ", 1)[1]) for o in (out, second.stdout)]
     assert [r["ok"] for r in reports] == [True, True], reports
