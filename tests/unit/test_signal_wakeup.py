@@ -3,7 +3,11 @@
 The kernel hands a process's signal to any thread that does not block it, and Python runs its
 handlers in the main thread only, when that thread next runs bytecode: a main thread asleep in
 ``poll`` would not notice until something else woke it. :func:`handling_signals` makes every
-signal write to the Control's wake-up pipe as it arrives (``signal.set_wakeup_fd``)."""
+signal write to the Control's wake-up pipe as it arrives (``signal.set_wakeup_fd``).
+
+Each test runs in a forked child (tests/unit/in_child.py), whose helper thread takes the
+signal: no signal is aimed at pytest, and neither its handlers nor its wake-up fd change. A
+child that a signal ended (its handler gone) fails its test alone."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import threading
 import time
 
 from poprun_py.process.signals import Control, handling_signals
+from tests.unit.in_child import in_child
 
 
 def in_select(tid: int) -> bool:
@@ -48,36 +53,50 @@ def woken(control: Control, sig: int) -> bool:
     return readable == [control.wake_fd]
 
 
-def test_a_forwarded_signal_taken_by_a_helper_thread_wakes_the_poll() -> None:
+def forwarded() -> tuple[bool, list[int]]:
     control = Control()
     with handling_signals(control):
         control.arm()
-        assert woken(control, signal.SIGUSR1)
+        woke = woken(control, signal.SIGUSR1)
         control.drain()
-        assert control.take_forwards() == [signal.SIGUSR1]
+        taken = control.take_forwards()
     control.close()
+    return woke, taken
+
+
+def test_a_forwarded_signal_taken_by_a_helper_thread_wakes_the_poll() -> None:
+    assert in_child(forwarded, within=30) == (True, [signal.SIGUSR1])
+
+
+def interrupted() -> tuple[bool, bool]:
+    control = Control()
+    with handling_signals(control):
+        control.arm()
+        woke = woken(control, signal.SIGTERM)
+        stopped = control.interrupted
+    control.close()
+    return woke, stopped
 
 
 def test_an_interrupt_taken_by_a_helper_thread_wakes_the_poll() -> None:
-    control = Control()
-    with handling_signals(control):
-        control.arm()
-        assert woken(control, signal.SIGTERM)
-        assert control.interrupted
-    control.close()
+    assert in_child(interrupted, within=30) == (True, True)
 
 
-def test_the_old_wakeup_fd_comes_back_afterwards() -> None:
+def wakeup_fds() -> tuple[bool, bool]:
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end)
     try:
         control = Control()
         with handling_signals(control):
-            assert signal.set_wakeup_fd(control.signal_fd) == control.signal_fd  # ours meanwhile
+            ours = signal.set_wakeup_fd(control.signal_fd) == control.signal_fd  # meanwhile
         control.close()
-        assert signal.set_wakeup_fd(-1) == write_end
+        return ours, signal.set_wakeup_fd(-1) == write_end
     finally:
         signal.set_wakeup_fd(-1)
         os.close(read_end)
         os.close(write_end)
+
+
+def test_the_old_wakeup_fd_comes_back_afterwards() -> None:
+    assert in_child(wakeup_fds, within=30) == (True, True)
