@@ -21,7 +21,6 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from poprun_py.backends import check_backend
 from poprun_py.backends.result import HOST_TIMEOUT
@@ -41,32 +40,20 @@ from poprun_py.core.spec import (
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 from poprun_py.prepare.program import resolve_program, simulated_note
-
-if TYPE_CHECKING:
-    from poprun_py.ssh.settings import SshSettings
+from poprun_py.ssh.settings import (
+    DEFAULT_CONNECT_TIMEOUT,
+    check_connect_timeout,
+    connect_timeout_for,
+    settings_for,
+)
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
-DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_HOST_TIMEOUT = HOST_TIMEOUT  # see poprun_py.backends.result and the README
 
 
-def ssh_settings(cluster: ClusterSpec, ssh: SshOptions) -> SshSettings:
-    """How to reach ``cluster``'s hosts: flags first, then the cluster spec's ``ssh:`` (and its
-    ``defaults.connect_timeout``), then the defaults. The one place every command gets them."""
-    from poprun_py.ssh.settings import SshSettings
-
-    timeout = ssh.connect_timeout
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"--connect-timeout must be more than 0, got {timeout}")
-    return SshSettings.of(
-        known_hosts=ssh.known_hosts or cluster.known_hosts,
-        ssh_config=ssh.ssh_config or cluster.ssh_config,
-        accept_new_host_keys=ssh.accept_new_host_keys,
-        connect_timeout=_first(timeout, cluster.defaults.connect_timeout, DEFAULT_CONNECT_TIMEOUT),
-        identity_file=ssh.identity,
-        user=ssh.user,
-    )
+ssh_settings = settings_for
+"""How to reach a cluster's hosts: :func:`poprun_py.ssh.settings.settings_for`, by this name."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +183,9 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         backend=backend,
         mpi_args=mpi_args,
         grace_period=_first(opts.grace_period, d.grace_period, DEFAULT_GRACE_PERIOD),
-        connect_timeout=_first(opts.connect_timeout, d.connect_timeout, DEFAULT_CONNECT_TIMEOUT),
+        connect_timeout=_first(
+            connect_timeout_for(cluster, opts.connect_timeout), DEFAULT_CONNECT_TIMEOUT
+        ),
         templates=Path(opts.templates) if opts.templates else None,
         local_topology=local_topo,
         options=opts,
@@ -333,8 +322,7 @@ def _split_mpi_args(text: str) -> tuple[str, ...]:
 def _check_positive(opts: LaunchOptions) -> None:
     if opts.grace_period is not None and opts.grace_period < 0:
         raise UsageError(f"--grace-period must be 0 or more, got {opts.grace_period}")
-    if opts.connect_timeout is not None and opts.connect_timeout <= 0:
-        raise UsageError(f"--connect-timeout must be more than 0, got {opts.connect_timeout}")
+    check_connect_timeout(opts.connect_timeout)
 
 
 def _first(*values: float | None) -> float:

@@ -1,5 +1,6 @@
-"""How to reach hosts: :class:`SshSettings` (the command line's and spec's side) and
-:class:`Endpoint` (one host after the host spec, the settings and its ssh configuration).
+"""How to reach hosts: :class:`SshSettings` (the command line's and spec's side, built by
+:func:`settings_for` alone) and :class:`Endpoint` (one host after the host spec, the settings and
+its ssh configuration).
 
 Precedence for user, port and identity: the :class:`~poprun_py.core.spec.HostSpec`, then
 :class:`SshSettings`, then the ssh configuration (OpenSSH's own ``ssh -G`` or the fallback parser,
@@ -9,6 +10,13 @@ Example:
 
     >>> SshSettings.of(connect_timeout=5.0, user="me").user
     'me'
+    >>> from poprun_py.core.spec import ClusterSpec, Defaults, SshOptions
+    >>> spec = ClusterSpec("lab", (), known_hosts="/lab/kh", defaults=Defaults(connect_timeout=4))
+    >>> s = settings_for(spec, SshOptions(user="ops"))
+    >>> str(s.known_hosts), s.user, s.connect_timeout
+    ('/lab/kh', 'ops', 4.0)
+    >>> settings_for(spec, SshOptions(connect_timeout=2.5)).connect_timeout
+    2.5
     >>> Hop.parse("admin@bastion:2222")
     Hop(host='bastion', user='admin', port=2222)
     >>> Hop.parse("[fe80::1]:22").host
@@ -21,8 +29,12 @@ import os
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poprun_py.errors import UsageError
+
+if TYPE_CHECKING:
+    from poprun_py.core.spec import ClusterSpec, SshOptions
 
 
 def user_home() -> str:
@@ -44,6 +56,7 @@ def tilde(path: str) -> str:
 
 
 STRICT_VALUES = ("yes", "accept-new", "no")
+DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,39 @@ class SshSettings:
             identity_file=identity_file,
             user=user,
         )
+
+
+def check_connect_timeout(seconds: float | None) -> float | None:
+    """``--connect-timeout`` as given: not given (None) or a positive number of seconds;
+    UsageError (exit 2, one line) otherwise. The one check of it, wherever it is given."""
+    if seconds is not None and seconds <= 0:
+        raise UsageError(f"--connect-timeout must be more than 0, got {seconds}")
+    return seconds
+
+
+def connect_timeout_for(spec: ClusterSpec, given: float | None) -> float | None:
+    """``--connect-timeout`` (checked), else the spec's ``defaults.connect_timeout``; None
+    when neither says (the caller's own default applies)."""
+    seconds = check_connect_timeout(given)
+    return spec.defaults.connect_timeout if seconds is None else seconds
+
+
+def settings_for(
+    spec: ClusterSpec, flags: SshOptions, *, fallback_timeout: float = DEFAULT_CONNECT_TIMEOUT
+) -> SshSettings:
+    """How to reach ``spec``'s hosts: the SSH flags first, then the spec's ``ssh:`` files and
+    ``defaults.connect_timeout``, then ``fallback_timeout`` (identity and user otherwise come
+    with each host, then from the ssh configuration). The one builder of :class:`SshSettings`
+    from a spec and flags: every command, backend and provider gets its settings here."""
+    seconds = connect_timeout_for(spec, flags.connect_timeout)
+    return SshSettings.of(
+        known_hosts=flags.known_hosts or spec.known_hosts,  # an empty path is not given
+        ssh_config=flags.ssh_config or spec.ssh_config,
+        accept_new_host_keys=flags.accept_new_host_keys,
+        connect_timeout=float(fallback_timeout if seconds is None else seconds),
+        identity_file=flags.identity,
+        user=flags.user,
+    )
 
 
 @dataclass(frozen=True)
