@@ -1,5 +1,5 @@
-"""What the tests need of this machine -- programs, Python modules, root, ptrace rights -- and
-what brings each: one table (:data:`NEEDS`), for the tests, ``scripts/install-deps.sh`` and
+"""What the tests need of this machine -- programs, Python modules, root, ptrace rights, CPUs --
+and what brings each: one table (:data:`NEEDS`), for the tests, ``scripts/install-deps.sh`` and
 ``scripts/test.sh``.
 
 A test names what it needs with the ``requires`` marker (or, inside a helper, :func:`require`):
@@ -50,12 +50,14 @@ class Need(NamedTuple):
     """One thing a test may need: a program, a Python module or a privilege."""
 
     name: str
-    kind: str  # "program", "module" or "privilege"
-    source: str  # the Debian package; for pip: "pip"; for a privilege: what it is for
+    kind: str  # "program", "module", "privilege" or "machine"
+    source: str  # the Debian package; for pip: "pip"; for a privilege or machine: what for
 
     def present(self) -> bool:
         if self.name == "ptrace":
             return ptrace_refused() is None
+        if self.name == TWO_CPUS:
+            return len(os.sched_getaffinity(0)) >= 2
         if self.kind == "privilege":
             return os.geteuid() == 0
         if self.kind == "module":
@@ -68,12 +70,19 @@ class Need(NamedTuple):
         if self.name == "ptrace":
             why = ptrace_refused()
             return f"{self.name} ({self.source}{': here ' + why if why else ''}; {PTRACE_FIX})"
+        if self.name == TWO_CPUS:
+            usable = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+            return f"{self.name} ({self.source}; here this process may use CPU {usable} only)"
         if self.kind == "privilege":
             return f"{self.name} ({self.source})"
         if self.source == "pip":
             return f"{self.name} (pip: the test extras, which scripts/test.sh installs)"
         return f"{self.name} (Debian package {self.source})"
 
+
+TWO_CPUS = "2 usable CPUs"
+"""A CPU for each of two ranks bound on one host: ``taskset -c 0``, a cpuset or a one-CPU
+machine leaves one, where a binding would change nothing and poprun-py makes none."""
 
 YAMA = "/proc/sys/kernel/yama/ptrace_scope"
 """Yama's ptrace rule (absent without Yama: classic rules, a user may trace its own processes)."""
@@ -145,7 +154,7 @@ NEEDS = {
         *_programs("clustershell", "clush"),
         *_programs("iputils-ping", "ping"),
         *_programs("netcat-openbsd", "nc"),
-        *_programs("util-linux", "setsid", "unshare", "nsenter"),
+        *_programs("util-linux", "setsid", "unshare", "nsenter", "taskset"),
         *_programs("hostname", "hostname"),
         *_programs("slurmctld", "slurmctld"),
         *_programs("slurmd", "slurmd"),
@@ -153,6 +162,12 @@ NEEDS = {
         *_programs("munge", "munged"),
         *_programs("pip", "py-spy"),
         Need("ptrace", "privilege", "py-spy reads processes it did not start"),
+        Need(
+            TWO_CPUS,
+            "machine",
+            "two ranks of a host, each bound to a CPU of its own: not under taskset -c N, "
+            "a cpuset of one CPU or on a one-CPU machine",
+        ),
         Need("mpi4py", "module", "pip"),
     ]
 }
@@ -256,8 +271,8 @@ def summary(lacking: list[Need], effect: str = "the tests that need them skip, n
 def _part(source: str, names: list[str]) -> str:
     if names == ["root"]:
         return "not root (test hosts)"
-    if names == ["ptrace"]:
-        return NEEDS["ptrace"].describe()
+    if len(names) == 1 and NEEDS[names[0]].kind in ("privilege", "machine"):
+        return NEEDS[names[0]].describe()  # with what it is here, and the fix
     return f"{'/'.join(names)} ({source})"
 
 

@@ -249,11 +249,6 @@ CPU1_TOPOLOGY = Topology((NumaNode(0, (1,)), NumaNode(1, (0,))))
 """A declared topology for plans that are rendered but not run (nothing about this machine)."""
 
 
-def usable_cpu1() -> bool:
-    """True when this process may run on CPUs 0 and 1 and NUMA node 0 exists."""
-    return {0, 1} <= os.sched_getaffinity(0) and Path("/sys/devices/system/node/node0").is_dir()
-
-
 NODES = Path("/sys/devices/system/node")
 
 

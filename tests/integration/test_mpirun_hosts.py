@@ -41,11 +41,12 @@ from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import (
     BINDING_PROBE,
+    binding_case,
+    machine_nodes,
     marked_on,
     need_mpi,
     sessions_started,
     stray_pids,
-    usable_cpu1,
 )
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi]
@@ -162,14 +163,23 @@ def test_mpi4py_ranks_hosts_and_allreduce_agree_with_the_plan(
     assert_clean(test_cluster_4, "mpi_check.py")
 
 
-@pytest.mark.skipif(not usable_cpu1(), reason="needs CPUs 0-1 and NUMA node 0")
+def node_of(cpu: int) -> int:
+    """The NUMA node of this machine that ``cpu`` is on."""
+    return next(node for node, cpus in machine_nodes().items() if cpu in cpus)
+
+
+# a rankfile binds every rank: with one usable CPU a binding would change nothing (poprun-py
+# makes none, and mpirun gets --bind-to none), so the test needs a second
+@pytest.mark.requires("2 usable CPUs")
 def test_open_mpi_binds_every_rank_itself_from_the_rankfile(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
     mark = f"poprun-bind-{uuid.uuid4().hex[:8]}"
-    node0 = Topology((NumaNode(0, (0, 1)),))  # two instances a host share node 0, CPU each
+    case = binding_case()  # from this machine: two CPUs this process may use, a node it has
+    cpus = sorted({case.first, case.second})  # local instance 0 gets the first, 1 the second
+    declared = Topology((NumaNode(case.node, tuple(cpus)),))
     hosts = tuple(
-        HostSpec(h.name, address=h.address, user="root", topology=node0)
+        HostSpec(h.name, address=h.address, user="root", topology=declared)
         for h in test_cluster_4.hosts
     )
     spec = JobSpec((PY, "-c", BINDING_PROBE, mark), replicas=8, instances=8)
@@ -188,9 +198,10 @@ def test_open_mpi_binds_every_rank_itself_from_the_rankfile(
     result, lines = run(test_cluster_4, job)
     assert result.ok, lines
     seen = {i: json.loads(line) for i, s, line in lines if s == "stdout" and i >= 0}
-    for inst in plan.instances:  # local 0: CPU 0, local 1: CPU 1; memory bound to node 0
-        assert seen[inst.index]["cpus"] == str(inst.local_index)
-        assert seen[inst.index]["policies"] == ["bind:0"]
+    for inst in plan.instances:  # each on its CPU; memory on that CPU's node (local_only)
+        cpu = cpus[inst.local_index]
+        want = {"cpus": str(cpu), "mems": case.mems, "policies": [f"bind:{node_of(cpu)}"]}
+        assert seen[inst.index] == want, inst
     assert_clean(test_cluster_4, mark)
 
 

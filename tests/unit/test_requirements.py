@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -183,23 +184,27 @@ def test_ptrace_is_refused_by_yama_or_for_want_of_cap_sys_ptrace(
     assert "run the tests as root" in why
 
 
+def setup_plan(tests: Sequence[str], ci: bool, tmp_path: Path, *before: str) -> str:
+    """The output of the suite's ``--setup-plan`` of ``tests`` (run with ``before`` in front,
+    plugins from ``tmp_path``): no test body runs, and no fixture of a skipped test."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("CI", None)
+    env.update({"CI": "true"} if ci else {})
+    argv = [*before, sys.executable, "-m", "pytest", "-p", "no:randomly", "-rfEs"]
+    argv += ["-p", "no:cacheprovider", "--setup-plan", *tests]
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    ).stdout
+
+
 @pytest.mark.parametrize("ci", [False, True], ids=["skips", "ci-fails"])
-def test_the_py_spy_tests_need_ptrace_through_the_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ci: bool
-) -> None:
+def test_the_py_spy_tests_need_ptrace_through_the_table(tmp_path: Path, ci: bool) -> None:
     """Without ptrace rights, each py-spy test skips at set-up (before its fixtures start
     anything) naming the fix; with CI=true each fails. ``--setup-plan`` runs no test body: a
     test that checked by hand, in its body, would show as passed here."""
     (tmp_path / "ptrace_scope").write_text("3\n")
     (tmp_path / "no_ptrace.py").write_text(NO_PTRACE.format(yama=str(tmp_path / "ptrace_scope")))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    env.pop("CI", None)
-    env.update({"CI": "true"} if ci else {})
-    argv = [sys.executable, "-m", "pytest", "-p", "no_ptrace", "-p", "no:randomly", "-rfEs"]
-    argv += ["-p", "no:cacheprovider", "--setup-plan", *PYSPY_TESTS]
-    out = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    ).stdout
+    out = setup_plan(["-p", "no_ptrace", *PYSPY_TESTS], ci, tmp_path)
     expected = "8 errors" if ci else "8 skipped"
     assert re.search(rf"^=+ {expected} in ", out, re.M), out
     reasons = [line for line in out.splitlines() if line.startswith(("SKIPPED", "ERROR"))]
@@ -207,6 +212,37 @@ def test_the_py_spy_tests_need_ptrace_through_the_table(
     for line in reasons:
         assert "needs " in line and "ptrace (" in line, line
         assert "sysctl kernel.yama.ptrace_scope=0" in line, line
+
+
+BINDS_TWO_RANKS = (
+    "tests/integration/test_mpirun_hosts.py::"
+    "test_open_mpi_binds_every_rank_itself_from_the_rankfile"
+)
+
+
+def test_two_usable_cpus_are_missing_under_taskset_with_what_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert not requirements.NEEDS[requirements.TWO_CPUS].present()
+    why = requirements.reason([requirements.TWO_CPUS])
+    assert why.startswith("needs 2 usable CPUs (") and "taskset -c N" in why
+    assert why.endswith("here this process may use CPU 3 only)")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5})
+    assert requirements.NEEDS[requirements.TWO_CPUS].present()
+
+
+@pytest.mark.requires("taskset")
+@pytest.mark.parametrize("ci", [False, True], ids=["skips", "ci-fails"])
+def test_the_rankfile_test_on_one_cpu_skips_naming_it_and_fails_with_ci(
+    tmp_path: Path, ci: bool
+) -> None:
+    """Under ``taskset -c CPU`` (the second CI profile's one CPU) Open MPI's rankfile test
+    skips through the table, naming the CPU it has; with CI=true it fails (no hidden skip)."""
+    cpu = str(min(os.sched_getaffinity(0)))
+    out = setup_plan([BINDS_TWO_RANKS], ci, tmp_path, "taskset", "-c", cpu)
+    assert re.search(rf"^=+ 1 {'error' if ci else 'skipped'} in ", out, re.M), out
+    assert "needs 2 usable CPUs (" in out and f"may use CPU {cpu} only)" in out, out
 
 
 # ---------------------------------------------------------------- what a session leaves and takes
