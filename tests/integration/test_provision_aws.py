@@ -8,6 +8,7 @@ test_provision_local.py.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import stat
@@ -359,8 +360,13 @@ def test_cli_up_status_and_down_by_name(aws_env: AwsEnv, tmp_path: Path) -> None
     inventory = Path(proc.stdout.strip())
     assert inventory == aws_env.clusters_dir / "c1.inventory.yaml" and inventory.exists()
     assert "cluster c1 is up: 2 node(s) (aws)" in proc.stderr
-    listing = cli("status")
-    assert listing.returncode == 0 and listing.stdout.count("running") == 2
+    listing = cli("status", "--format", "json")  # a table would wrap with the terminal's width
+    assert listing.returncode == 0, listing.stderr
+    clusters = json.loads(listing.stdout)
+    assert [(c["cluster"], c["provider"], c["phase"], c["error"]) for c in clusters] == [
+        ("c1", "aws", "ready", None)
+    ]
+    assert [n["state"] for n in clusters[0]["nodes"]] == ["running", "running"]
     started = time.monotonic()
     gone = cli("down", "c1")  # by name: the spec comes from the state file
     down_seconds = time.monotonic() - started
