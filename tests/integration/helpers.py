@@ -324,7 +324,8 @@ def binding_case() -> BindingCase:
         absent=max(nodes) + 1,
         spare=max(every) + 1,
         mems=mems,
-        whole=every == {cpus[-1]} and set(nodes) == {node},
+        # the product sees the CPUs and nodes this process may use (core.topology.within)
+        whole=cpus == [cpus[-1]] and {n for n, c in nodes.items() if set(c) & set(cpus)} == {node},
     )
 
 

@@ -106,14 +106,10 @@ def test_instances_see_their_layout_shard_and_workdir(tmp_path: Path) -> None:
         assert (cwd, mode) == (str(workdir), "0o600")
 
 
-def this_machine() -> Topology:
-    """This machine's NUMA topology from /sys, as poprun-py discovers it (all its CPUs)."""
-    return Topology(tuple(NumaNode(i, cpus) for i, cpus in sorted(machine_nodes().items())))
-
-
 def allowed_topology() -> Topology:
     """This machine's NUMA nodes with only the CPUs this process may run on (its affinity:
-    ``taskset -c 0`` leaves one), nodes left without any dropped."""
+    ``taskset -c 0`` leaves one), nodes left without any dropped: what poprun-py discovers
+    here (core.topology.within), computed apart from it."""
     allowed = os.sched_getaffinity(0)
     nodes = [(i, tuple(c for c in cpus if c in allowed)) for i, cpus in machine_nodes().items()]
     return Topology(tuple(NumaNode(i, cpus) for i, cpus in sorted(nodes) if cpus))
@@ -144,7 +140,7 @@ def test_binding_without_numactl_sets_cpus_and_memory_policy(
     plan = plan_for([PY, "-c", BINDING_PROBE], "h1", instances=2, topology=case.topology)
     assert {c.argv[0] for c in make_job(plan, tmp_path / "rendered").instances} == {PY}
     before = os.sched_getaffinity(0)
-    result, lines = run_local(plan, tmp_path, available={"h1": this_machine()})
+    result, lines = run_local(plan, tmp_path, available={"h1": allowed_topology()})
     assert result.ok, lines
     seen = {i: json.loads(line) for i, s, line in lines if s == "stdout"}
     assert seen[0] == case.probe(0)  # its CPU; MPOL_BIND to its node
