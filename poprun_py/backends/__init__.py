@@ -1,4 +1,5 @@
-"""The backend registry: an explicit map from name to factory, imported lazily.
+"""The backend registry: :data:`~poprun_py.backends.names.REGISTRY` names every backend, its
+class and its capabilities once; :data:`BACKENDS` creates them, importing each lazily.
 
 Adding a backend: write one module under ``backends/`` with a class that satisfies
 :class:`~poprun_py.backends.base.Backend` (``open`` a session on the hosts -- usually
@@ -6,7 +7,9 @@ Adding a backend: write one module under ``backends/`` with a class that satisfi
 :class:`~poprun_py.backends.session.RemoteSession` around a runner -- plus ``render_args``,
 ``known_topologies`` and ``batch_script``, whose defaults come from
 :class:`~poprun_py.backends.base.Defaults`), a template ``render/templates/<name>.j2`` when it
-has a launcher command, and one line in :data:`BACKENDS`.
+has a launcher command, and one entry in :data:`~poprun_py.backends.names.REGISTRY` with its
+:class:`~poprun_py.backends.names.Capabilities` (what prepare, render, jobs and cli ask of it:
+never its name).
 
 Example:
 
@@ -20,52 +23,27 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from poprun_py.backends.names import REGISTRY
 from poprun_py.errors import UnknownNameError
 
 if TYPE_CHECKING:
     from poprun_py.backends.base import Backend
 
 
-def _local() -> Backend:
-    from poprun_py.backends.local import LocalBackend
-
-    return LocalBackend()
-
-
-def _ssh() -> Backend:
-    from poprun_py.backends.ssh import SshBackend
-
-    return SshBackend()
-
-
-def _mpirun() -> Backend:
-    from poprun_py.backends.mpirun import MpirunBackend
-
-    return MpirunBackend()
-
-
-def _mpiexec() -> Backend:
-    from poprun_py.backends.mpiexec import MpiexecBackend
-
-    return MpiexecBackend()
-
-
-def _slurm() -> Backend:
-    from poprun_py.backends.slurm import SlurmBackend
-
-    return SlurmBackend()
+def _create(name: str) -> Backend:
+    module, _, cls = REGISTRY[name].where.partition(":")
+    return cast("Backend", getattr(importlib.import_module(module), cls)())
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
-    "local": _local,
-    "ssh": _ssh,
-    "mpirun": _mpirun,
-    "mpiexec": _mpiexec,
-    "slurm": _slurm,
+    name: functools.partial(_create, name) for name in REGISTRY
 }
+"""Backend name -> a factory (tests may put a fake's in the place of one)."""
 
 
 def check_backend(name: str) -> str:

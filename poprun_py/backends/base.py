@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from poprun_py.backends.names import Capabilities, capabilities
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 
 if TYPE_CHECKING:
@@ -121,9 +122,14 @@ class Session(Protocol):
 
 
 class Backend(Protocol):
-    """A registered backend (:data:`poprun_py.backends.BACKENDS`)."""
+    """A registered backend (:data:`poprun_py.backends.names.REGISTRY`)."""
 
     name: str
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the rest of poprun-py may ask of it instead of its name."""
+        ...
 
     def render_args(self, prep: Prepared) -> RenderArgs:
         """What this backend adds to rendering (launcher options, interface, root)."""
@@ -143,8 +149,15 @@ class Backend(Protocol):
 
 
 class Defaults:
-    """What most backends answer: nothing added to rendering, no topology known in advance,
-    no batch script."""
+    """What most backends answer: the capabilities registered under its name, nothing added
+    to rendering, no topology known in advance, no batch script."""
+
+    name: str
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Those of :data:`~poprun_py.backends.names.REGISTRY` for its name."""
+        return capabilities(self.name)
 
     def render_args(self, prep: Prepared) -> RenderArgs:
         """Nothing added."""

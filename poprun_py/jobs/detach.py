@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from poprun_py.backends.names import capabilities
 from poprun_py.errors import UsageError
 from poprun_py.jobs import registry
 from poprun_py.jobs.place import JobHost, LocalJobHost, remote_job_host
@@ -65,14 +66,15 @@ class DetachOptions:
 
 def check_detachable(prep: Prepared) -> None:
     """UsageError (exit 2, nothing started) for a job that cannot be detached."""
-    if prep.backend == "slurm":
+    can = capabilities(prep.backend)
+    if can.outlives_client:
         raise UsageError(
-            "--detach does not apply to the slurm backend: a batch job already outlives its "
-            "client (poprun-py render --backend slurm ... | sbatch)"
+            f"--detach does not apply to the {prep.backend} backend: a batch job already "
+            f"outlives its client (poprun-py render --backend {prep.backend} ... | sbatch)"
         )
-    if prep.backend == "local" and not prep.plan.cluster.all_local:
+    if can.runs_on_this_machine and not prep.plan.cluster.all_local:
         raise UsageError(
-            "--detach with --backend local needs every host to be this machine: "
+            f"--detach with --backend {prep.backend} needs every host to be this machine: "
             "use --backend ssh (or mpirun/mpiexec) for remote hosts"
         )
 
@@ -80,7 +82,7 @@ def check_detachable(prep: Prepared) -> None:
 def supervisor_host(prep: Prepared, here: bool) -> HostSpec | None:
     """The host the supervisor runs on (None: this machine)."""
     provider = prep.plan.cluster.provider
-    if here or prep.plan.cluster.all_local or prep.backend == "local":
+    if here or prep.plan.cluster.all_local or capabilities(prep.backend).runs_on_this_machine:
         return None
     if provider is not None and provider.kind == "local":
         return None

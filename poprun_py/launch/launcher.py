@@ -30,6 +30,7 @@ from pathlib import Path
 
 from poprun_py.backends import get_backend
 from poprun_py.backends.base import Backend, Checked
+from poprun_py.backends.names import capabilities
 from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import ssh_settings
 from poprun_py.core.plan import LaunchPlan
@@ -64,7 +65,8 @@ def job_dir_for(plan: LaunchPlan, output_dir: str | None, backend: str = "") -> 
     if output_dir:
         return str(Path(output_dir).resolve())
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = private.runtime_root() if backend == "local" else private.job_root()
+    here = capabilities(backend).runs_on_this_machine
+    root = private.runtime_root() if here else private.job_root()
     return f"{root}/jobs/{plan.cluster.name}-{stamp}-{os.getpid()}"
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from poprun_py.backends import check_backend
+from poprun_py.backends.names import capabilities
 from poprun_py.backends.result import HOST_TIMEOUT
 from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
@@ -161,7 +162,8 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
     cluster = _with_spares(_with_ssh_flags(_cluster(opts, base, env), opts), opts.spare_hosts)
     d = cluster.defaults
     backend = check_backend(opts.backend or d.backend or _default_backend(cluster, env))
-    local = backend == "local" or cluster.all_local
+    here = capabilities(backend).runs_on_this_machine  # the hosts are simulated here
+    local = here or cluster.all_local
     local_topo = _local_topology() if local else None
     job = _job(opts, cluster, env, backend)
     check_user_env([*cluster.env, *(v.name for v in job.env)])
@@ -173,7 +175,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         job,
         inputs,
         default_topology=local_topo,
-        default_topology_source="this machine" if backend == "local" else "assumed",
+        default_topology_source="this machine" if here else "assumed",
         interfaces=_local_interfaces(cluster, job.network) if local else None,
     )
     plan = _checked(plan, opts, backend, run.note, declared=bool(base and base.simulated))
@@ -208,7 +210,8 @@ def _checked(
     if strict and opts.inputs:
         refuse_uneven([i.shard for i in plan.instances])
     notes = [note] if note else []
-    simulated = simulated_note(plan.cluster, declared) if backend == "local" else None
+    here = capabilities(backend).runs_on_this_machine
+    simulated = simulated_note(plan.cluster, declared) if here else None
     notes += [simulated] if simulated else []
     return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
@@ -233,7 +236,9 @@ def with_hosts_replaced(prep: Prepared, replaced: Mapping[str, str]) -> Prepared
         prep.job,
         prep.inputs,
         default_topology=prep.local_topology,
-        default_topology_source="this machine" if prep.backend == "local" else "assumed",
+        default_topology_source=(
+            "this machine" if capabilities(prep.backend).runs_on_this_machine else "assumed"
+        ),
     )
     return replace(prep, plan=plan, long_run=replace(prep.long_run, spares=left))
 
@@ -345,7 +350,8 @@ def _cluster(opts: LaunchOptions, base: ClusterSpec | None, env: Mapping[str, st
         entries = slurm_hosts(env) or [HostEntry("localhost")]
     if base is None:
         assert entries is not None
-        return _excluded(cluster_from_hosts(entries, simulated=opts.backend == "local"), opts)
+        simulated = capabilities(opts.backend).runs_on_this_machine  # None, unknown: False
+        return _excluded(cluster_from_hosts(entries, simulated=simulated), opts)
     if entries is None:
         return _excluded(base, opts)
     return _excluded(cluster_from_hosts(entries, base=base), opts)
@@ -464,7 +470,7 @@ def _master_port(opts: LaunchOptions, cluster: ClusterSpec, backend: str) -> int
         return opts.master_port
     if cluster.defaults.master_port is not None:
         return cluster.defaults.master_port
-    if backend == "local" or cluster.all_local:
+    if capabilities(backend).runs_on_this_machine or cluster.all_local:
         return free_port()
     return DEFAULT_MASTER_PORT
 

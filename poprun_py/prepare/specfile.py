@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from poprun_py.backends.names import REGISTRY
 from poprun_py.core.hosts import check_unique, expand_names
 from poprun_py.core.schema import (
     Bool,
@@ -79,7 +80,7 @@ _HOST = Obj(
 )
 _DEFAULTS = Obj(
     {
-        "backend": OneOf(("local", "ssh", "mpirun", "mpiexec", "slurm")),
+        "backend": OneOf(tuple(REGISTRY)),
         "replicas": Int(ge=1),
         "instances": Int(ge=1),
         "devices_per_replica": Int(ge=0),

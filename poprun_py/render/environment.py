@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from poprun_py.backends.names import REGISTRY
 from poprun_py.core import shellwords
 from poprun_py.core.topology import format_cpulist
 from poprun_py.errors import PoprunError, RenderError
@@ -30,13 +31,23 @@ if TYPE_CHECKING:
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 INSTANCE_TEMPLATE = "instance.j2"
-LAUNCHER_TEMPLATES: Mapping[str, str | None] = {
-    "local": None,
-    "ssh": None,
-    "mpirun": "mpirun.j2",
-    "mpiexec": "mpiexec.j2",
-    "slurm": "srun.j2",
-}
+
+
+class _LauncherTemplates(Mapping[str, str | None]):
+    """The registry's (:data:`~poprun_py.backends.names.REGISTRY`) launcher templates, read
+    when asked: a backend registered later (a test's fake) is one too."""
+
+    def __getitem__(self, name: str) -> str | None:
+        return REGISTRY[name].capabilities.launcher_template
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY)
+
+    def __len__(self) -> int:
+        return len(REGISTRY)
+
+
+LAUNCHER_TEMPLATES: Mapping[str, str | None] = _LauncherTemplates()
 """Backend name -> the template of its whole-job launcher (None: instances run directly)."""
 
 

@@ -23,13 +23,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import select
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Checked, Defaults
+from poprun_py.backends.names import Capabilities
 from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.progress import FAULTHANDLER, MARKERS
@@ -96,6 +98,23 @@ class FakeBackend(Defaults):
         if not self.attempts:
             return self.scripts
         return self.attempts[min(attempt, len(self.attempts) - 1)]
+
+
+@contextlib.contextmanager
+def registered(backend: FakeBackend, can: Capabilities) -> Iterator[FakeBackend]:
+    """``backend`` registered under its name with the capabilities ``can`` for the block:
+    prepare, render, jobs and cli ask it what they ask a real backend, and ``get_backend``
+    returns it."""
+    from poprun_py.backends import BACKENDS
+    from poprun_py.backends.names import REGISTRY, Registered
+
+    assert backend.name not in REGISTRY, f"{backend.name} is a real backend's name"
+    REGISTRY[backend.name] = Registered("", can)
+    BACKENDS[backend.name] = lambda: backend
+    try:
+        yield backend
+    finally:
+        del REGISTRY[backend.name], BACKENDS[backend.name]
 
 
 class FakeSession:
