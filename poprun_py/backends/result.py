@@ -153,8 +153,6 @@ class RunSettings:
     output_dir: str | None = None
     only_output_from: int | None = None
     sink: OutputSink | None = None
-    accept_new_host_keys: bool = False
-    known_hosts: str | None = None
     sync: bool = False
     on_running: Callable[[int], None] | None = None  # told when attempt k's instances all run
     keep_job_dir: bool = False  # keep a successful job's directory (else removed)

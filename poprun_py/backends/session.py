@@ -58,17 +58,13 @@ def local_topologies(prep: Prepared) -> dict[str, Topology | None]:
     return {h.name: topo for h in prep.plan.hosts}
 
 
-def ssh_settings(prep: Prepared, settings: RunSettings) -> SshSettings:
-    """The transport settings for this job: the launch's SSH flags, then the cluster spec."""
-    from poprun_py.prepare.job import ssh_settings as resolve
+def ssh_settings(prep: Prepared, settings: RunSettings | None = None) -> SshSettings:
+    """The transport settings for this job: the launch's SSH flags, then the cluster spec
+    (:func:`~poprun_py.ssh.settings.settings_for`). No run setting changes them: ``settings``
+    is taken, and not read, for the callers that pass the run's."""
+    from poprun_py.ssh.settings import settings_for
 
-    flags = replace(
-        prep.options.ssh,
-        known_hosts=settings.known_hosts or prep.options.ssh.known_hosts,
-        accept_new_host_keys=settings.accept_new_host_keys or prep.options.ssh.accept_new_host_keys,
-        connect_timeout=prep.connect_timeout,
-    )
-    return resolve(prep.plan.cluster, flags)
+    return settings_for(prep.plan.cluster, prep.options.ssh)
 
 
 def with_topologies(
@@ -172,7 +168,7 @@ class RemoteSession:
         from poprun_py.ssh.pool import ConnectionPool
 
         self.pool: ConnectionPool = ConnectionPool(
-            list(prep.plan.cluster.hosts), ssh_settings(prep, settings)
+            list(prep.plan.cluster.hosts), ssh_settings(prep)
         )
         self.agents: AgentPool = AgentPool(self.pool)
         self.runner_for, self.stages, self.tools = runner_for, stages, dict(tools or {})

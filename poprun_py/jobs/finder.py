@@ -203,14 +203,14 @@ def _cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
 def _pool(
     spec: ClusterSpec, ssh: SshOptions, names: list[str] | None = None
 ) -> Iterator[ConnectionPool]:
-    from poprun_py.prepare.job import ssh_settings
     from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import settings_for
 
     wanted = [h for h in spec.hosts if names is None or h.name in names]
     if names is not None and len(wanted) < len(names):
         missing = sorted(set(names) - {h.name for h in wanted})
         raise UsageError(f"host {missing[0]} is no longer in cluster {spec.name}")
-    with ConnectionPool(wanted, ssh_settings(spec, ssh)) as pool:
+    with ConnectionPool(wanted, settings_for(spec, ssh)) as pool:
         yield pool
 
 

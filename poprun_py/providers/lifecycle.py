@@ -35,6 +35,7 @@ from poprun_py.providers.inventory import inventory_text
 from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.setup import SetupOutcome, run_setup, script_digest
 from poprun_py.providers.state import ClusterState, list_states, write_private
+from poprun_py.ssh.settings import connect_timeout_for
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,9 @@ def up(
     ``ssh``: the SSH flags, before what the provider recorded (as every remote command)."""
     provider = provider or provider_for(spec)
     state = ClusterState.of(spec.name, root)
+    flags = _flags(spec, ssh)  # before anything is created: a bad --connect-timeout is exit 2
     ctx = ProvisionContext(
-        state, reporter or NullReporter(), wait_timeout, accept_new_host_keys, ssh or SshOptions()
+        state, reporter or NullReporter(), wait_timeout, accept_new_host_keys, flags
     )
     record = provider.create(spec, ctx)
     reachable = provider.wait_until_reachable(record, ctx)
@@ -98,6 +100,14 @@ def up(
     record = replace(record, phase="ready")
     state.save(record)
     return UpResult(record, state.inventory_path, reachable, outcomes)
+
+
+def _flags(spec: ClusterSpec, ssh: SshOptions | None) -> SshOptions:
+    """The SSH flags the provider's steps get: as given, with the spec's
+    ``defaults.connect_timeout`` when ``--connect-timeout`` is not (the steps take the rest of
+    the spec's side from what the provider recorded: ``reach.ssh_settings``)."""
+    flags = ssh or SshOptions()
+    return replace(flags, connect_timeout=connect_timeout_for(spec, flags.connect_timeout))
 
 
 def _setup(
@@ -131,7 +141,7 @@ def down(
         state,
         reporter or NullReporter(),
         accept_new_host_keys=accept_new_host_keys,
-        ssh=ssh or SshOptions(),
+        ssh=_flags(spec, ssh),
     )
     with _held(spec, ctx.reporter) if hold_signals else contextlib.nullcontext():
         try:

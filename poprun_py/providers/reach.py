@@ -33,10 +33,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
-from poprun_py.core.spec import SshOptions
-from poprun_py.errors import PoprunError, ProvisionError, UsageError
+from poprun_py.core.spec import ClusterSpec, SshOptions
+from poprun_py.errors import PoprunError, ProvisionError
 from poprun_py.providers.base import NullReporter, Reporter
 
 if TYPE_CHECKING:
@@ -59,21 +60,19 @@ def ssh_settings(
     connect_timeout: float = CONNECT_TIMEOUT,
     flags: SshOptions | None = None,
 ) -> SshSettings:
-    """Transport settings for provisioned nodes: ``up``/``down``'s SSH flags first (as every
-    remote command takes them), then what the provider recorded; identity and user otherwise
-    come with each host."""
-    from poprun_py.ssh.settings import SshSettings
+    """Transport settings for provisioned nodes, by the one builder
+    (:func:`~poprun_py.ssh.settings.settings_for`): ``up``/``down``'s SSH flags first (as every
+    remote command takes them; :func:`~poprun_py.providers.lifecycle.up` puts the spec's
+    ``defaults.connect_timeout`` among them), then what the provider recorded, then
+    ``connect_timeout``; identity and user otherwise come with each host. New host keys are
+    accepted if the flags or the provider (``accept_new_host_keys``: fresh machines) say so."""
+    from poprun_py.ssh.settings import settings_for
 
     flags = flags or SshOptions()
-    if flags.connect_timeout is not None and flags.connect_timeout <= 0:
-        raise UsageError(f"--connect-timeout must be more than 0, got {flags.connect_timeout}")
-    return SshSettings.of(
-        known_hosts=flags.known_hosts or known_hosts,
-        ssh_config=flags.ssh_config or ssh_config,
-        accept_new_host_keys=accept_new_host_keys or flags.accept_new_host_keys,
-        connect_timeout=flags.connect_timeout or connect_timeout,
-        identity_file=flags.identity,
-        user=flags.user,
+    recorded = ClusterSpec(name="", hosts=(), known_hosts=known_hosts, ssh_config=ssh_config)
+    trust = flags.accept_new_host_keys or accept_new_host_keys
+    return settings_for(
+        recorded, replace(flags, accept_new_host_keys=trust), fallback_timeout=connect_timeout
     )
 
 
