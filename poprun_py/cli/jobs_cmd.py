@@ -63,15 +63,12 @@ DEFAULT_GRACE = 5.0
 
 
 @app.command("jobs")
+@o.ssh_flags("jobs")
 def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
     hosts: o.Hosts = None,
     cluster: o.Cluster = None,
     fmt: o.Format = "table",
-    connect_timeout: o.ConnectTimeout = None,
-    known_hosts: o.KnownHosts = None,
-    ssh_config: o.SshConfig = None,
-    identity: o.Identity = None,
-    user: o.User = None,
+    ssh: o.Ssh = o.SSH_HERE,
     prune: Prune = False,
     older_than: OlderThan = None,
 ) -> None:
@@ -81,7 +78,6 @@ def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
 
     if fmt not in ("table", "json"):
         raise UsageError(f"--format must be table or json, got {fmt!r}")
-    ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
     if older_than is not None and not prune:
         raise UsageError("--older-than goes with --prune")
     if prune:

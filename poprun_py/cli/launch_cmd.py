@@ -41,6 +41,7 @@ files is released with the process instead of one object at a time."""
 def _command(mode: str) -> Callable[..., None]:
     """Build the command function for ``mode`` (plan | render | launch); same options for all."""
 
+    @o.ssh_flags(mode)
     def command(  # noqa: PLR0917 - typer maps every option to a parameter
         ctx: typer.Context,
         program: o.Program = None,
@@ -62,12 +63,7 @@ def _command(mode: str) -> Callable[..., None]:
         templates: o.Templates = None,
         grace_period: o.GracePeriod = None,
         host_timeout: o.HostTimeout = None,
-        connect_timeout: o.ConnectTimeout = None,
-        accept_new_host_keys: o.AcceptNewHostKeys = False,
-        known_hosts: o.KnownHosts = None,
-        ssh_config: o.SshConfig = None,
-        identity: o.Identity = None,
-        user: o.User = None,
+        ssh: o.Ssh = o.SSH_HERE,  # the SSH flags (LaunchOptions takes them by name too)
         sync: o.Sync = False,
         fmt: o.Format = "table",
         output_dir: o.OutputDir = None,

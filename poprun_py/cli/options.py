@@ -1,20 +1,30 @@
-"""Option declarations shared by ``plan``, ``render`` and ``launch``, and the SSH options every
-remote command takes (typer ``Annotated`` aliases).
+"""Option declarations shared by ``plan``, ``render`` and ``launch`` (typer ``Annotated``
+aliases), and the SSH option group every remote command takes (:data:`SSH_FLAGS`,
+:func:`ssh_flags`, :func:`ssh_options`).
 
 Example:
 
-    >>> from poprun_py.cli.options import Hosts, Identity, KnownHosts, SshConfig, User
+    >>> from poprun_py.cli.options import SSH_FLAGS, Hosts, ssh_options
     >>> Hosts.__metadata__[0].param_decls
     ('--hosts', '-H')
-    >>> [o.__metadata__[0].param_decls[0] for o in (SshConfig, Identity, User, KnownHosts)]
-    ['--ssh-config', '--identity', '--user', '--known-hosts']
+    >>> [f.decls[0] for f in SSH_FLAGS if "jobs" in f.commands]
+    ['--connect-timeout', '--known-hosts', '--ssh-config', '--identity', '--user']
+    >>> ssh = ssh_options({"user": "ops", "hosts": "h1", "connect_timeout": 3.0})
+    >>> ssh.user, ssh.connect_timeout, ssh.known_hosts
+    ('ops', 3.0, None)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, Optional
 
 import typer
+
+from poprun_py.core.spec import SshOptions
 
 H_SIZE = "Sizes"
 H_HOSTS = "Hosts"
@@ -179,51 +189,132 @@ HostTimeout = Annotated[
     ),
 ]
 H_SSH = "SSH"
-# The SSH options: the same six on every command that reaches hosts (launch, plan, render,
-# exec, sync). Flags first, then the cluster spec's ``ssh:``, then ~/.ssh (see
-# poprun_py.prepare.job.ssh_settings).
-ConnectTimeout = Annotated[
-    Optional[float],  # noqa: UP045
-    typer.Option(
-        "--connect-timeout",
-        rich_help_panel=H_SSH,
-        help="SSH connect timeout in seconds (default: the cluster spec's, else 10).",
+LAUNCHING = ("plan", "render", "launch", "check")
+REMOTE = (*LAUNCHING, "exec", "sync")
+EVERY = (*REMOTE, "jobs", "up", "down")
+
+
+@dataclass(frozen=True)
+class SshFlag:
+    """One SSH flag: its parameter name (the :class:`SshOptions` field it fills), how it is
+    declared, its type, default and help, the cluster spec key it comes before, and the
+    commands that take it."""
+
+    name: str
+    decls: tuple[str, ...]
+    type: Any
+    default: Any
+    help: str
+    spec_key: str | None
+    commands: tuple[str, ...] = EVERY
+
+    @property
+    def annotated(self) -> Any:
+        """The typer parameter: ``Annotated[type, typer.Option(...)]``, in the SSH panel."""
+        option = typer.Option(*self.decls, rich_help_panel=H_SSH, help=self.help)
+        return Annotated[self.type, option]
+
+
+SSH_FLAGS = (
+    SshFlag(
+        "connect_timeout",
+        ("--connect-timeout",),
+        Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
+        None,
+        "SSH connect timeout in seconds (default: the cluster spec's, else 10).",
+        "defaults.connect_timeout",
     ),
-]
-AcceptNewHostKeys = Annotated[
-    bool,
-    typer.Option(
-        "--accept-new-host-keys",
-        rich_help_panel=H_SSH,
-        help="Record unknown SSH host keys (a changed key is always refused).",
+    SshFlag(
+        "accept_new_host_keys",
+        ("--accept-new-host-keys",),
+        bool,
+        False,
+        "Record unknown SSH host keys (a changed key is always refused).",
+        None,
+        REMOTE,  # up and down have their own: the provider's trust in fresh static nodes
     ),
-]
-KnownHosts = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--known-hosts",
-        rich_help_panel=H_SSH,
-        help="Extra known_hosts file (default: the cluster spec's, then ~/.ssh).",
+    SshFlag(
+        "known_hosts",
+        ("--known-hosts",),
+        Optional[str],  # noqa: UP045
+        None,
+        "Extra known_hosts file (default: the cluster spec's, then ~/.ssh).",
+        "ssh.known_hosts",
     ),
-]
-SshConfig = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--ssh-config",
-        rich_help_panel=H_SSH,
-        help="ssh_config file (default: the cluster spec's, else ~/.ssh/config).",
+    SshFlag(
+        "ssh_config",
+        ("--ssh-config",),
+        Optional[str],  # noqa: UP045
+        None,
+        "ssh_config file (default: the cluster spec's, else ~/.ssh/config).",
+        "ssh.ssh_config",
     ),
-]
-Identity = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--identity", rich_help_panel=H_SSH, help="Private key for hosts that name none."),
-]
-User = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--user", "-l", rich_help_panel=H_SSH, help="Login user for hosts that name none."
+    SshFlag(
+        "identity",
+        ("--identity",),
+        Optional[str],  # noqa: UP045
+        None,
+        "Private key for hosts that name none.",
+        None,
     ),
-]
+    SshFlag(
+        "user",
+        ("--user", "-l"),
+        Optional[str],  # noqa: UP045
+        None,
+        "Login user for hosts that name none.",
+        None,
+    ),
+)
+"""The SSH options, each described once: flags first, then the cluster spec's key, then
+~/.ssh (:func:`poprun_py.ssh.settings.settings_for`). A command takes them with
+:func:`ssh_flags` and gets them as one :class:`SshOptions`, built by name."""
+
+Ssh = SshOptions
+SSH_HERE = SshOptions()
+"""``ssh: Ssh = SSH_HERE``: where :func:`ssh_flags` puts a command's SSH flags."""
+
+
+def ssh_options(params: Mapping[str, Any]) -> SshOptions:
+    """The SSH options among a command's parsed parameters (its keyword arguments, or typer's
+    ``ctx.params``), each by its name, as :func:`poprun_py.cli.option_model.launch_options`
+    takes LaunchOptions; one the command does not take keeps its default."""
+    return SshOptions(**{f.name: params[f.name] for f in fields(SshOptions) if f.name in params})
+
+
+def ssh_flags(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command function the SSH flags of :data:`SSH_FLAGS` that ``command`` takes, in
+    place of its parameter ``ssh`` (same kind, same position, so the help and the order of
+    ``ctx.params`` follow the signature); the function is called with them as one
+    :class:`SshOptions` (:func:`ssh_options`) in ``ssh``."""
+    flags = [f for f in SSH_FLAGS if command in f.commands]
+    names = {f.name for f in flags}
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(fn, eval_str=True)
+        params: list[inspect.Parameter] = []
+        for param in signature.parameters.values():
+            if param.name != "ssh":
+                params.append(param)
+                continue
+            kind = param.kind
+            params += [
+                inspect.Parameter(f.name, kind, default=f.default, annotation=f.annotated)
+                for f in flags
+            ]
+
+        @functools.wraps(fn)
+        def with_ssh_flags(**kwargs: Any) -> None:
+            rest = {k: v for k, v in kwargs.items() if k not in names}
+            fn(**rest, ssh=ssh_options({k: v for k, v in kwargs.items() if k in names}))
+
+        with_ssh_flags.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_ssh_flags.__annotations__ = {p.name: p.annotation for p in params}
+        return with_ssh_flags
+
+    return decorate
+
+
 Format = Annotated[
     str,
     typer.Option("--format", "-f", rich_help_panel=H_OUT, help="table | json"),

@@ -23,7 +23,6 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
-from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
@@ -119,16 +118,13 @@ def confirm_cost(notice: str, yes: bool) -> None:
 
 
 @app.command("up")
-def up_command(  # noqa: PLR0917 - typer maps every option to a parameter
+@o.ssh_flags("up")
+def up_command(
     cluster: ClusterArg,
     yes: Yes = False,
     accept_new_host_keys: AcceptNew = False,
     wait_timeout: WaitTimeout = None,
-    connect_timeout: o.ConnectTimeout = None,
-    known_hosts: o.KnownHosts = None,
-    ssh_config: o.SshConfig = None,
-    identity: o.Identity = None,
-    user: o.User = None,
+    ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Create the cluster's nodes, wait for SSH, run its setup script, write the inventory."""
     from poprun_py.providers.lifecycle import provider_for, up
@@ -146,7 +142,7 @@ def up_command(  # noqa: PLR0917 - typer maps every option to a parameter
             provider=provider,
             wait_timeout=wait_timeout,
             accept_new_host_keys=accept_new_host_keys,
-            ssh=SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout),
+            ssh=ssh,
         )
     report_up(spec, result, started)
     sys.stdout.write(f"{result.inventory}\n")
@@ -163,14 +159,11 @@ def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
 
 
 @app.command("down")
-def down_command(  # noqa: PLR0917 - typer maps every option to a parameter
+@o.ssh_flags("down")
+def down_command(
     cluster: ClusterArg,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: o.ConnectTimeout = None,
-    known_hosts: o.KnownHosts = None,
-    ssh_config: o.SshConfig = None,
-    identity: o.Identity = None,
-    user: o.User = None,
+    ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Remove everything poprun-py created for the cluster (harmless when nothing exists)."""
     from poprun_py.providers.lifecycle import down
@@ -178,7 +171,6 @@ def down_command(  # noqa: PLR0917 - typer maps every option to a parameter
     spec = _spec_or_name(cluster)
     started = time.monotonic()
     with RichReporter() as reporter:
-        ssh = SshOptions(known_hosts, ssh_config, identity, user, False, connect_timeout)
         result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys, ssh=ssh)
     report_down(spec, result, started)
 

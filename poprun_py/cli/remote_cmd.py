@@ -69,6 +69,7 @@ Method = Annotated[
 
 
 @app.command("exec", context_settings=PROGRAM_CONTEXT)
+@o.ssh_flags("exec")
 def exec_cmd(
     command: Command,
     *,
@@ -76,12 +77,7 @@ def exec_cmd(
     cluster: o.Cluster = None,
     gather: Gather = False,
     timeout: Timeout = None,
-    connect_timeout: o.ConnectTimeout = None,
-    accept_new_host_keys: o.AcceptNewHostKeys = False,
-    known_hosts: o.KnownHosts = None,
-    ssh_config: o.SshConfig = None,
-    identity: o.Identity = None,
-    user: o.User = None,
+    ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Run a command on every host in parallel; exit with the worst host's code."""
     from poprun_py.ssh.fanout import gathered, problems, run_everywhere, worst_exit_code
@@ -90,18 +86,7 @@ def exec_cmd(
         raise UsageError("exec needs a command: poprun-py exec --hosts H -- CMD [ARGS]...")
     if timeout is not None and timeout <= 0:
         raise UsageError("--timeout must be more than 0")
-    with _connected(
-        hosts,
-        cluster,
-        SshOptions(
-            known_hosts=known_hosts,
-            ssh_config=ssh_config,
-            identity=identity,
-            user=user,
-            accept_new_host_keys=accept_new_host_keys,
-            connect_timeout=connect_timeout,
-        ),
-    ) as pool:
+    with _connected(hosts, cluster, ssh) as pool:
         on_line = None if gather else _tagged_printer()
         outcomes = run_everywhere(pool, command, timeout=timeout, on_line=on_line)
     if gather:
@@ -130,6 +115,7 @@ def _tagged_printer() -> LineFn:
 
 
 @app.command("sync")
+@o.ssh_flags("sync")
 def sync_cmd(
     paths: Paths = None,
     *,
@@ -138,12 +124,7 @@ def sync_cmd(
     dest: Dest = None,
     method: Method = "auto",
     timeout: SyncTimeout = None,
-    connect_timeout: o.ConnectTimeout = None,
-    accept_new_host_keys: o.AcceptNewHostKeys = False,
-    known_hosts: o.KnownHosts = None,
-    ssh_config: o.SshConfig = None,
-    identity: o.Identity = None,
-    user: o.User = None,
+    ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""
     from poprun_py.core.duration import parse_duration
@@ -154,18 +135,7 @@ def sync_cmd(
         raise UsageError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
     if dest is not None and not dest.startswith("/"):
         raise UsageError(f"--dest must be an absolute path, not {dest!r}")
-    with _connected(
-        hosts,
-        cluster,
-        SshOptions(
-            known_hosts=known_hosts,
-            ssh_config=ssh_config,
-            identity=identity,
-            user=user,
-            accept_new_host_keys=accept_new_host_keys,
-            connect_timeout=connect_timeout,
-        ),
-    ) as pool:
+    with _connected(hosts, cluster, ssh) as pool:
         report = _sync_with_progress(pool, paths or ["."], dest, method, seconds)
     _print_sync_summary(report)
 
@@ -205,10 +175,10 @@ def _print_sync_summary(report: SyncReport) -> None:
 @contextlib.contextmanager
 def _connected(hosts: str | None, cluster: str | None, ssh: SshOptions) -> Iterator[ConnectionPool]:
     """A connection pool to the target hosts (``--hosts``/``--cluster``), SSH flags applied."""
-    from poprun_py.prepare.job import ssh_settings
     from poprun_py.prepare.specfile import target_cluster
     from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import settings_for
 
     spec = target_cluster(hosts, cluster)
-    with ConnectionPool(spec.hosts, ssh_settings(spec, ssh)) as pool:
+    with ConnectionPool(spec.hosts, settings_for(spec, ssh)) as pool:
         yield pool
