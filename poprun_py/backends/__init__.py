@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -37,7 +36,8 @@ if TYPE_CHECKING:
 
 def _create(name: str) -> Backend:
     module, _, cls = REGISTRY[name].where.partition(":")
-    return cast("Backend", getattr(importlib.import_module(module), cls)())
+    # __import__, not importlib.import_module: ``python -X importtime`` sees only the former
+    return cast("Backend", getattr(__import__(module, fromlist=[cls]), cls)())
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
