@@ -35,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -139,8 +139,11 @@ class Backend(Protocol):
         """The hosts' topologies known without contacting them (for ``render``/``--dry-run``)."""
         ...
 
-    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
-        """A script to submit instead of launching (slurm outside an allocation), or None."""
+    def batch_script(
+        self, prep: Prepared, launch_argv: Callable[[bool], Sequence[str]]
+    ) -> str | None:
+        """A script to submit instead of launching (slurm outside an allocation), or None;
+        ``launch_argv(with_hosts)`` is this same launch again (with ``--hosts`` or not)."""
         ...
 
     def open(self, prep: Prepared, settings: RunSettings) -> Session:
@@ -169,7 +172,9 @@ class Defaults:
         """Nothing known before preflight."""
         return {}
 
-    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
+    def batch_script(
+        self, prep: Prepared, launch_argv: Callable[[bool], Sequence[str]]
+    ) -> str | None:
         """No batch script."""
         return None
 

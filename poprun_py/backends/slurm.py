@@ -44,7 +44,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -198,14 +198,17 @@ class SlurmBackend(Defaults):
 
         return RenderArgs(mpi_args=prep.mpi_args)
 
-    def batch_script(self, prep: Prepared, launch_argv: Sequence[str]) -> str | None:
+    def batch_script(
+        self, prep: Prepared, launch_argv: Callable[[bool], Sequence[str]]
+    ) -> str | None:
         """Outside an allocation: an sbatch script that runs this same launch inside the
-        allocation it asks for. Inside one: None (the launch itself is what runs)."""
+        allocation it asks for (``--hosts`` passed on when it asks for those very nodes).
+        Inside one: None (the launch itself is what runs)."""
+        request = slurm_request(prep)  # checked inside an allocation too (a bad --slurm-time)
         if current_allocation(os.environ) is not None:
             return None
-        return batch_script(
-            slurm_request(prep), launch_argv, plan=prep.plan, templates_dir=prep.templates
-        )
+        argv = launch_argv(bool(request.nodelist))
+        return batch_script(request, argv, plan=prep.plan, templates_dir=prep.templates)
 
     def open(self, prep: Prepared, settings: RunSettings) -> SlurmSession:
         """The current allocation, or one asked for with salloc (released on close)."""

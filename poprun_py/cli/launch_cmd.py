@@ -107,7 +107,7 @@ def _command(mode: str) -> Callable[..., None]:
                 return
             if mode == "render" or dry_run:
                 values = option_model.option_values(ctx.params, opts)
-                batch = functools.partial(launch_argv, prep, ctx.command, values)
+                batch = functools.partial(launch_argv, ctx.command, values)
                 _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
                 return
             if mode == "check" or check:
@@ -186,7 +186,7 @@ def _show_rendered(
     output_dir: str | None,
     with_plan: bool,
     *,
-    batch: "Callable[[], list[str]] | None" = None,
+    batch: "Callable[[bool], list[str]] | None" = None,
 ) -> None:
     from poprun_py.backends import get_backend
     from poprun_py.launch import launcher
@@ -194,7 +194,7 @@ def _show_rendered(
 
     if not with_plan and fmt == "table":
         backend = get_backend(prep.backend)
-        script = backend.batch_script(prep, batch()) if batch is not None else None
+        script = backend.batch_script(prep, batch) if batch is not None else None
         if script is not None:
             sys.stdout.write(script)
             return
@@ -211,16 +211,13 @@ def _show_rendered(
 
 
 def launch_argv(
-    prep: Prepared, command: "option_model.Command", values: "Mapping[str, object]"
+    command: "option_model.Command", values: "Mapping[str, object]", with_hosts: bool
 ) -> list[str]:
     """``python -m poprun_py launch --backend slurm ...``, the Slurm batch job's body: every
     option of ``command`` with its value in ``values`` (:func:`option_model.batch_argv`);
-    ``--hosts`` too when the batch job asks for those very nodes, else the hosts are the
-    allocation's."""
-    from poprun_py.backends.slurm import slurm_request
-
-    named = prep.backend == "slurm" and bool(slurm_request(prep).nodelist)
-    return option_model.batch_argv(command, values, with_hosts=named)
+    ``--hosts`` too ``with_hosts`` (the backend's batch job asks for those very nodes), else
+    the hosts are the allocation's."""
+    return option_model.batch_argv(command, values, with_hosts=with_hosts)
 
 
 def _detach(
