@@ -30,6 +30,11 @@ gets one only until it is reaped, a leftover only while its pid still names the 
 (the same start time), and a reaped child's group or session counts only while it is still the
 one it led; a reaped child whose group and session are empty is forgotten.
 
+Beside it: what it is given and reports (:class:`Child`, :class:`ChildExit`, :class:`Supervised`,
+:class:`Feed`: :mod:`~poprun_py.process.children`, re-exported here), its descriptor readiness
+(:mod:`~poprun_py.process.poller`), the process tree and spawning
+(:mod:`~poprun_py.process.proctree`), the output lines (:mod:`~poprun_py.process.output`).
+
 Example:
 
     >>> from poprun_py.backends.base import RunOptions
@@ -46,17 +51,16 @@ import contextlib
 import logging
 import os
 import secrets
-import select
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
 
-from poprun_py.backends.result import InstanceResult, LaunchResult
+from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
 from poprun_py.process.identity import leads
 from poprun_py.process.output import LineFeed, Output
+from poprun_py.process.poller import Pipe, Poller
 from poprun_py.process.proctree import (
     Launched,
     ProcStat,
@@ -77,8 +81,16 @@ from poprun_py.process.proctree import (
 from poprun_py.process.signals import Control, DumpRequest, handling_signals
 from poprun_py.process.stackdump import dump_in_background
 
-if TYPE_CHECKING:
-    pass
+__all__ = [
+    "RUN_ID_VAR",
+    "Child",
+    "ChildExit",
+    "Feed",
+    "FeedFactory",
+    "Supervised",
+    "Supervision",
+    "supervise",
+]
 
 log = logging.getLogger("poprun_py.launch")
 
@@ -88,90 +100,6 @@ RUN_ID_VAR = "POPRUN_RUN_ID"
 _READ_SIZE = 65536
 _POLL_FALLBACK = 0.05
 _DRAIN_TIMEOUT = 1.0
-
-
-@dataclass(frozen=True)
-class Child:
-    """One process to start. ``env`` is added to ``os.environ``. With ``signal_group`` False
-    only the process itself gets SIGTERM (mpirun forwards it to its ranks); SIGKILL always
-    goes to the whole group."""
-
-    index: int
-    host: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    signal_group: bool = True
-    cpus: tuple[int, ...] = ()  # bound to these CPUs, and its memory to NUMA nodes ``mems``
-    mems: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ChildExit:
-    """How one child ended. ``returncode`` is negative for a signal (subprocess's convention),
-    None when it never started.
-    ``state`` is ``exited`` (on its own), ``stopped`` (poprun-py had signalled it and it did not
-    exit 0) or ``not-started`` (a stop began before its turn came)."""
-
-    index: int
-    host: str
-    returncode: int | None
-    started: float
-    ended: float
-    state: str = "exited"
-    detail: str = ""
-
-    @property
-    def stopped(self) -> bool:
-        """True when poprun-py stopped it (or never started it)."""
-        return self.state != "exited"
-
-    @property
-    def failed(self) -> bool:
-        """True when the child failed in its own right (not merely stopped by us)."""
-        return self.returncode != 0 and not self.stopped
-
-    def result(self) -> InstanceResult:
-        """This exit as an :class:`InstanceResult`."""
-        code = self.returncode
-        return InstanceResult(
-            index=self.index,
-            host=self.host,
-            exit_code=code if code is not None and code >= 0 else None,
-            signal=-code if code is not None and code < 0 else None,
-            state=self.state,
-            started=self.started,
-            ended=self.ended,
-            detail=self.detail,
-        )
-
-
-@dataclass(frozen=True)
-class Supervised:
-    """What :func:`supervise` observed: every child's exit, in start order."""
-
-    exits: tuple[ChildExit, ...]
-    interrupted: bool
-    duration: float
-
-    def launch_result(self) -> LaunchResult:
-        """One InstanceResult per child (for backends where a child is an instance)."""
-        results = tuple(e.result() for e in self.exits)
-        return LaunchResult(results, interrupted=self.interrupted, duration=self.duration)
-
-
-class Feed(Protocol):
-    """Receives the raw bytes of one pipe, as they arrive, then ``close()`` at EOF."""
-
-    def feed(self, data: bytes) -> None:
-        """Take the next chunk."""
-
-    def close(self) -> None:
-        """The pipe reached EOF: flush whatever is pending."""
-
-
-FeedFactory = Callable[[Child, str], Feed]
-"""Makes the Feed for one child's stream (``stdout`` or ``stderr``)."""
 
 
 def supervise(
@@ -201,53 +129,6 @@ def supervise(
         run.start(children)
         return run.wait()
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack re-raises
-
-
-@dataclass(frozen=True)
-class _Pipe:
-    """One open pipe and the Feed its bytes go to."""
-
-    file: IO[bytes]
-    feed: Feed
-
-    def close(self) -> None:
-        """Close the pipe and flush the feed."""
-        self.file.close()
-        self.feed.close()
-
-
-class _Poller:
-    """Readiness of many descriptors, each with its data: epoll (else poll) used directly, as
-    the selectors module's own bookkeeping cost ~60 us a child (three descriptors each
-    registered and unregistered; 16 x ``true``: ~1 ms of a 14 ms launch)."""
-
-    def __init__(self) -> None:
-        self._epoll = hasattr(select, "epoll")
-        self._poll: Any = select.epoll() if self._epoll else select.poll()
-        self.data: dict[int, Any] = {}
-
-    def register(self, fd: int, data: Any) -> None:
-        """Watch ``fd`` for input (or its end); :meth:`ready` gives ``data`` back for it."""
-        self._poll.register(fd, select.EPOLLIN if self._epoll else select.POLLIN)
-        self.data[fd] = data
-
-    def unregister(self, fd: int) -> None:
-        """Stop watching ``fd`` (before it is closed)."""
-        self._poll.unregister(fd)
-        del self.data[fd]
-
-    def ready(self, timeout: float | None) -> list[Any]:
-        """The data of every descriptor ready within ``timeout`` seconds (None: no limit)."""
-        if self._epoll:
-            events = self._poll.poll(-1 if timeout is None else timeout)
-        else:
-            events = self._poll.poll(None if timeout is None else timeout * 1000)
-        return [self.data[fd] for fd, _ in events if fd in self.data]
-
-    def close(self) -> None:
-        """Release the epoll descriptor."""
-        if self._epoll:
-            self._poll.close()
 
 
 _Spawned = tuple[Child, Launched | OSError | None, float]
@@ -284,7 +165,7 @@ class Supervision:
 
         self.output, self.grace, self.feeds = output, grace, feeds or line_feed
         self.control = control
-        self.sel = _Poller()
+        self.sel = Poller()
         self.sel.register(control.wake_fd, None)
         self.run_id = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.spawner = Spawner({RUN_ID_VAR: self.run_id}, new_session)
@@ -379,7 +260,7 @@ class Supervision:
         if pidfd is not None:
             self.sel.register(pidfd, pid)
         for stream, pipe in (("stdout", launched.out), ("stderr", launched.err)):
-            self.sel.register(pipe.fileno(), _Pipe(pipe, self.feeds(child, stream)))
+            self.sel.register(pipe.fileno(), Pipe(pipe, self.feeds(child, stream)))
             self.pipes += 1
 
     def _not_started(self, child: Child) -> None:
@@ -411,8 +292,8 @@ class Supervision:
             waits.append(max(0.0, drain_until - now))
         return min(waits) if waits else None
 
-    def _dispatch(self, data: _Pipe | int | None) -> None:
-        if isinstance(data, _Pipe):
+    def _dispatch(self, data: Pipe | int | None) -> None:
+        if isinstance(data, Pipe):
             self._read(data)
         elif isinstance(data, int):
             proc = self.live.get(data)  # None: already reaped earlier in this batch
@@ -479,7 +360,7 @@ class Supervision:
         for proc in list(self.live.values()):
             _signal_child(proc, signum, group=proc.child.signal_group)
 
-    def _read(self, pipe: _Pipe) -> None:
+    def _read(self, pipe: Pipe) -> None:
         try:
             data = os.read(pipe.file.fileno(), _READ_SIZE)
         except OSError:
@@ -600,7 +481,7 @@ class Supervision:
                 self._reap(proc)
             self._kill_until_gone()
         for data in list(self.sel.data.values()):
-            if isinstance(data, _Pipe):
+            if isinstance(data, Pipe):
                 data.close()
         self.sel.close()
         self.spawner.close()
