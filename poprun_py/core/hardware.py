@@ -34,7 +34,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, replace
 
-from poprun_py.core.topology import NumaNode, Topology, TopologyError
+from poprun_py.core.topology import Topology, TopologyError
 
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd"}
 UNKNOWN_NUMA = -1
@@ -207,11 +207,6 @@ def with_hardware(topo: Topology, hw: Hardware) -> Topology:
         devices_placed=not unplaced,
         cuda_ordinals=hw.cuda_ordinals,
     )
-
-
-def node_of(topo: Topology, node_id: int) -> NumaNode | None:
-    """The NUMA node with ``node_id``, or None."""
-    return next((n for n in topo.numa_nodes if n.id == node_id), None)
 
 
 # $1: the sysfs root ("" = /sys; fixture trees in tests), $2: 1 to list IPv4 addresses.
