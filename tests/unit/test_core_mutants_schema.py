@@ -91,3 +91,7 @@ def test_a_checked_object_refuses_an_unknown_attribute_by_name() -> None:
     with pytest.raises(AttributeError) as caught:
         _ = record.nope
     assert caught.value.args == ("nope",)
+
+
+def test_a_checked_object_shows_its_values() -> None:
+    assert repr(check(Obj({"a": Int(default=1)}), {})) == "Record({'a': 1})"
