@@ -101,7 +101,7 @@ def discover_nodes(
     without ``discover``, only the working directory, the program and numactl are checked);
     PreflightError with every node's faults."""
     names = [h.name for h in plan.hosts]
-    checks = checks_for_plan(plan)
+    checks = replace(checks_for_plan(plan), within_allowed=False)  # compared with `held`
     if not discover:
         checks = replace(checks, topology=False, hardware=False)
     step = f"poprun-preflight-{secrets.token_hex(4)}"  # this launch's alone: cancelled by name

@@ -157,6 +157,9 @@ class Checks:
     topology: bool = True
     hardware: bool = True
     network: str | None = None  # CIDR every host must hold an address in
+    # the topology cut to the CPUs the login may use; Slurm's preflight step (its task sees
+    # the allocation's CPUs) compares those with the whole node itself
+    within_allowed: bool = True
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,7 @@ def parse_check_output(host: str, checks: Checks, text: str) -> tuple[list[Fault
     hardware = _parse_hardware(hw_text) if checks.hardware else None
     if topo is not None and hardware is not None:
         topo = with_hardware(topo, hardware)
-    if topo is not None:
+    if topo is not None and checks.within_allowed:
         topo = within(topo, _allowed(head))
     if checks.network and hardware is not None and hardware.interface_in(checks.network) is None:
         has = hardware.describe_addresses()

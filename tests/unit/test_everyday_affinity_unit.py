@@ -74,3 +74,10 @@ def test_a_fixture_tree_is_another_machine_and_is_not_cut() -> None:
         return discover_local(FIXTURES / "sysfs-8node").cpus
 
     assert in_child(pinned) == read_sysfs(FIXTURES / "sysfs-8node").cpus
+
+
+def test_slurms_preflight_step_keeps_the_whole_node_to_compare_with_the_jobs_cpus() -> None:
+    sysfs = "/sys/devices/system/node/node{0}/cpulist:{1}\n"
+    text = "allowed 1\ntopology sysfs\n" + sysfs.format(0, "0-1")
+    _, report = parse_check_output("n1", Checks(within_allowed=False), text)
+    assert report.topology == parse_sysfs_nodes({"node0": "0-1"})
