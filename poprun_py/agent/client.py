@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
     from poprun_py.ssh.connection import Connection, RemoteResult
+    from poprun_py.ssh.hostresult import HostResult
     from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.settings import SshSettings
 
@@ -134,6 +135,16 @@ class AgentPool:
     ) -> dict[str, T | BaseException]:
         """``fn`` on every host's agent in parallel (see ConnectionPool.map); every outcome."""
         return self.pool.map(lambda conn: fn(self.agent(conn)), hosts, connect=connect)
+
+    def each(
+        self,
+        fn: Callable[[AgentConnection], T],
+        hosts: Iterable[str] | None = None,
+        *,
+        connect: bool = False,
+    ) -> dict[str, HostResult[T]]:
+        """``fn`` on every host's agent in parallel (see ConnectionPool.each)."""
+        return self.pool.each(lambda conn: fn(self.agent(conn)), hosts, connect=connect)
 
     def close(self, wait: float = 3.0) -> None:
         """End every agent: EOF on its stdin (it stops whatever is left and exits), wait up to
@@ -356,11 +367,11 @@ def stage_job(agents: AgentPool, job: RenderedJob) -> None:
     agents in parallel (for launchers such as mpirun, whose ranks read them): no new session.
     PreflightError (nothing started) naming every host where that failed."""
     hosts = sorted({c.host for c in job.instances})
-    outcomes = agents.map(lambda a: a.put(host_files(job, a.name)), hosts, connect=True)
+    outcomes = agents.each(lambda a: a.put(host_files(job, a.name)), hosts, connect=True)
     faults = [
-        Fault(host, "stage job files", str(outcome))
+        Fault(host, "stage job files", str(why))
         for host, outcome in sorted(outcomes.items())
-        if outcome
+        if (why := outcome.fault or outcome.value)
     ]
     if faults:
         raise PreflightError(faults)

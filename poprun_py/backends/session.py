@@ -220,11 +220,9 @@ class RemoteSession:
             done = conn.run(["rm", "-rf", "--", job_dir], timeout=TIDY_TIMEOUT)
             return (done.stderr.strip() or f"exit {done.exit_code}") if done.exit_code else ""
 
-        for host, outcome in self.pool.map(remove).items():
-            if outcome:
-                log.warning(
-                    "could not remove the job directory %s on %s: %s", job_dir, host, outcome
-                )
+        for host, outcome in self.pool.each(remove).items():
+            if why := outcome.fault or outcome.value:
+                log.warning("could not remove the job directory %s on %s: %s", job_dir, host, why)
 
     def close(self) -> None:
         """End every agent (waiting until each has exited), then every connection."""

@@ -57,10 +57,11 @@ def job_host(
         return
     if hosts or cluster:
         with _pool(_cluster(hosts, cluster), SshOptions()) as pool:
-            found = pool.map(lambda c: (c, RemoteJobHost(c).call("show", job_id)), connect=True)
+            found = pool.each(lambda c: (c, RemoteJobHost(c).call("show", job_id)), connect=True)
             for got in found.values():
-                if not isinstance(got, BaseException) and got[1] is not None:
-                    yield RemoteJobHost(got[0]), record_of(got[1])
+                if got.ok and got.value[1] is not None:
+                    conn, shown_there = got.value
+                    yield RemoteJobHost(conn), record_of(shown_there)
                     return
     local = LocalJobHost().call("show", job_id)
     if local is not None and local.get("supervisor") == "localhost":
@@ -156,13 +157,13 @@ def _on_hosts(
     found: list[Any] = []
     problems: list[str] = []
     with _pool(spec, ssh, names) as pool:
-        answers = pool.map(lambda c: RemoteJobHost(c).call(op, *args), connect=True)
+        answers = pool.each(lambda c: RemoteJobHost(c).call(op, *args), connect=True)
     for host, got in answers.items():
-        if isinstance(got, BaseException):
+        if got.fault is not None:
             what = "list the jobs" if op == "list" else f"{op} the jobs"
-            problems.append(f"cannot {what} on host {host}: {got}")
+            problems.append(f"cannot {what} on host {host}: {got.fault}")
             continue
-        found.append(got)
+        found.append(got.value)
     return found, problems
 
 

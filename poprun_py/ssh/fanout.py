@@ -34,6 +34,7 @@ from poprun_py.process.signals import interrupting
 
 if TYPE_CHECKING:
     from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.hostresult import HostResult
     from poprun_py.ssh.pool import ConnectionPool
 
 EXIT_UNREACHABLE = 255
@@ -148,26 +149,28 @@ def _run_all(
             conn.name, result.exit_code, result.stdout, result.stderr, None, result.duration
         )
 
-    results = pool.map(one, connect=True)  # each host starts as soon as it is connected
+    results = pool.each(one, connect=True)  # each host starts as soon as it is connected
     return [_outcome(host.name, results.get(host.name)) for host in pool.hosts]
 
 
-def _outcome(host: str, got: HostOutcome | BaseException | None) -> HostOutcome:
+def _outcome(host: str, got: HostResult[HostOutcome] | None) -> HostOutcome:
     from poprun_py.ssh.errors import Cancelled, RemoteTimeout, TransportError
 
-    if isinstance(got, HostOutcome):
-        return got
-    if isinstance(got, RemoteTimeout):
-        return HostOutcome(host, EXIT_TIMEOUT, error=got.detail)
-    if isinstance(got, Cancelled):
-        return HostOutcome(host, EXIT_INTERRUPTED, error=got.detail)
-    if isinstance(got, TransportError):
-        return HostOutcome(host, EXIT_UNREACHABLE, error=got.detail)
-    if isinstance(got, Exception):  # keep every host's outcome, whatever went wrong
-        return HostOutcome(host, EXIT_UNREACHABLE, error=f"{host}: {type(got).__name__}: {got}")
-    if isinstance(got, BaseException):
-        raise got
-    return HostOutcome(host, EXIT_UNREACHABLE, error=f"{host}: not run")
+    if got is None:
+        return HostOutcome(host, EXIT_UNREACHABLE, error=f"{host}: not run")
+    match got.fault:
+        case None:
+            return got.value
+        case RemoteTimeout(detail=detail):
+            return HostOutcome(host, EXIT_TIMEOUT, error=detail)
+        case Cancelled(detail=detail):
+            return HostOutcome(host, EXIT_INTERRUPTED, error=detail)
+        case TransportError(detail=detail):
+            return HostOutcome(host, EXIT_UNREACHABLE, error=detail)
+        case Exception() as exc:  # keep every host's outcome, whatever went wrong
+            return HostOutcome(host, EXIT_UNREACHABLE, error=f"{host}: {type(exc).__name__}: {exc}")
+        case fault:
+            raise fault
 
 
 def worst_exit_code(outcomes: Sequence[HostOutcome]) -> int:

@@ -6,7 +6,7 @@ Example::
 
     with ConnectionPool(hosts, SshSettings(known_hosts=Path("known_hosts"))) as pool:
         pool.open_all()          # PreflightError listing every host that cannot be used
-        outcomes = pool.map(lambda conn: conn.run(["hostname"]))
+        outcomes = pool.each(lambda conn: conn.run(["hostname"]))  # host -> HostResult
 
     >>> ConnectionPool([], SshSettings()).connect_all()
     {}
@@ -26,6 +26,7 @@ from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.ssh.connect import Context, connect
 from poprun_py.ssh.connection import Connection
 from poprun_py.ssh.errors import TransportError
+from poprun_py.ssh.hostresult import HostResult
 from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
@@ -101,18 +102,19 @@ class ConnectionPool:
     ) -> None:
         self.close()
 
-    def _parallel(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | BaseException]:
+    def _parallel(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[HostResult[T]]:
         if not items:
             return []
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="poprun-ssh")
         futures = [self._executor.submit(fn, item) for item in items]
-        outcomes: list[T | BaseException] = []
+        outcomes: list[HostResult[T]] = []
         for future in futures:
             # Every host's outcome is kept, but only what its worker raised: a Ctrl-C that
             # arrives while this thread waits (KeyboardInterrupt, here) goes on up.
             error = future.exception()
-            outcomes.append(future.result() if error is None else error)
+            done = HostResult(future.result()) if error is None else HostResult(fault=error)
+            outcomes.append(done)
         return outcomes
 
     def _open(self, host: HostSpec) -> Connection:
@@ -137,8 +139,8 @@ class ConnectionPool:
         config is a UsageError naming its file and line, and nothing has started."""
         todo = [h for h in self.hosts if h.name not in self.connections]
         for outcome in self._parallel(self._context.resolver.endpoint, todo):
-            if isinstance(outcome, BaseException):
-                raise outcome
+            if outcome.fault is not None:
+                raise outcome.fault
 
     def require_direct(self, why: str) -> None:
         """Raise PreflightError (one fault) if any host is configured behind a ProxyJump."""
@@ -156,10 +158,11 @@ class ConnectionPool:
         gate.check()
         failed: dict[str, TransportError] = {}
         for host, outcome in zip(todo, outcomes, strict=True):
-            if isinstance(outcome, TransportError):
-                failed[host.name] = outcome
-            elif isinstance(outcome, BaseException):
-                raise outcome
+            match outcome.fault:
+                case TransportError() as fault:
+                    failed[host.name] = fault
+                case BaseException() as fault:
+                    raise fault
         return failed
 
     def open_all(self) -> dict[str, Connection]:
@@ -176,11 +179,24 @@ class ConnectionPool:
         *,
         connect: bool = False,
     ) -> dict[str, T | BaseException]:
-        """``fn`` on every open connection (or those of ``hosts``) in parallel; every outcome.
+        """:meth:`each`, every outcome as its value or its fault itself (the view of
+        :class:`~poprun_py.launch.preflight.RunnerPool`)."""
+        results = self.each(fn, hosts, connect=connect)
+        return {h: r.value if r.fault is None else r.fault for h, r in results.items()}
+
+    def each(
+        self,
+        fn: Callable[[Connection], T],
+        hosts: Iterable[str] | None = None,
+        *,
+        connect: bool = False,
+    ) -> dict[str, HostResult[T]]:
+        """``fn`` on every open connection (or those of ``hosts``) in parallel; every host's
+        :class:`HostResult`.
 
         With ``connect``, hosts not yet open are connected first, each in its own worker (so a
-        host starts ``fn`` as soon as it is up); a host that cannot be reached yields its
-        TransportError.
+        host starts ``fn`` as soon as it is up); a host that cannot be reached has its
+        TransportError as its fault.
         """
         wanted = set(hosts) if hosts is not None else None
         todo = [

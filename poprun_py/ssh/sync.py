@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import paramiko
 
     from poprun_py.ssh.connection import Connection
+    from poprun_py.ssh.hostresult import HostResult
     from poprun_py.ssh.pool import ConnectionPool
 
 ProgressFn = Callable[[str, int, int], None]
@@ -178,7 +179,7 @@ def sync(
             return HostSync(conn.name, "sftp", *sent, time.monotonic() - started)
 
         try:
-            outcomes = pool.map(push)
+            outcomes = pool.each(push)
         except BaseException:  # interrupted: no rsync outlives the sync
             stop_rsyncs()
             raise
@@ -199,7 +200,7 @@ def _remote_rsync(conn: Connection, parents: Sequence[str], method: str, local: 
 
 def _report(
     pool: ConnectionPool,
-    outcomes: dict[str, HostSync | BaseException],
+    outcomes: dict[str, HostResult[HostSync]],
     entries: Sequence[Entry],
     total: int,
 ) -> SyncReport:
@@ -208,15 +209,16 @@ def _report(
     faults = []
     for host in pool.hosts:
         outcome = outcomes.get(host.name)
-        if isinstance(outcome, TransportError):
-            faults.append(Fault(host.name, "sync", outcome.detail))
-        elif isinstance(outcome, PreflightError):
-            faults.extend(outcome.faults)
-        elif isinstance(outcome, BaseException):
-            faults.append(Fault(host.name, "sync", str(outcome) or type(outcome).__name__))
+        match outcome.fault if outcome is not None else None:
+            case TransportError(detail=detail):
+                faults.append(Fault(host.name, "sync", detail))
+            case PreflightError(faults=theirs):
+                faults.extend(theirs)
+            case BaseException() as fault:
+                faults.append(Fault(host.name, "sync", str(fault) or type(fault).__name__))
     if faults:
         raise PreflightError(faults)
-    done = tuple(o for o in outcomes.values() if isinstance(o, HostSync))
+    done = tuple(o.value for o in outcomes.values())
     return SyncReport(done, sum(1 for e in entries if e.kind == "file"), total)
 
 
