@@ -41,7 +41,13 @@ from poprun_py.backends.external import (
     start_launcher,
 )
 from poprun_py.backends.mpi import mpirun_render_args
-from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
+)
 from poprun_py.backends.session import (
     MPI_BEHIND_JUMP,
     LocalSession,
@@ -267,7 +273,7 @@ class MpirunBackend(Defaults):
 
 @dataclass(frozen=True)
 class _Outcome:
-    state: str
+    state: InstanceState
     exit_code: int | None
     signal: int | None
     detail: str = ""
@@ -309,22 +315,26 @@ def rank_results(
 def _lost_outcome(host: str, lost: Mapping[str, Lost]) -> _Outcome | None:
     """Lost with its host, or stopped by mpirun when another host was lost; None otherwise."""
     if host in lost:
-        return _Outcome("lost", None, None, lost[host].reason, lost[host].when)
+        return _Outcome(InstanceState.LOST, None, None, lost[host].reason, lost[host].when)
     if lost:
         first = min(lost, key=lambda name: lost[name].when)
-        return _Outcome("stopped", None, None, f"stopped by mpirun after host {first} was lost")
+        return _Outcome(
+            InstanceState.STOPPED, None, None, f"stopped by mpirun after host {first} was lost"
+        )
     return None
 
 
 def _rank_outcome(rank: int, code: int, run: Supervised, report: FailureReport) -> _Outcome:
     if run.interrupted:
-        return _Outcome("stopped", None, None, "stopped with mpirun (interrupted)")
+        return _Outcome(InstanceState.STOPPED, None, None, "stopped with mpirun (interrupted)")
     if report.rank is not None:
         if rank == report.rank:
-            return _Outcome("exited", report.exit_code, report.signal)
-        return _Outcome("stopped", None, None, f"stopped by mpirun after rank {report.rank} failed")
+            return _Outcome(InstanceState.EXITED, report.exit_code, report.signal)
+        return _Outcome(
+            InstanceState.STOPPED, None, None, f"stopped by mpirun after rank {report.rank} failed"
+        )
     if code == 0:
-        return _Outcome("exited", 0, None)
+        return _Outcome(InstanceState.EXITED, 0, None)
     how, exit_code, sig = how_ended(code)
     detail = run.exits[0].detail or f"mpirun ended with {how} without naming a rank"
-    return _Outcome("exited", exit_code, sig, detail)
+    return _Outcome(InstanceState.EXITED, exit_code, sig, detail)

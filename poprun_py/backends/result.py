@@ -7,14 +7,16 @@ Example:
     >>> result = LaunchResult((ok, bad))
     >>> result.root_cause.index, result.exit_code
     (1, 3)
-    >>> InstanceResult(2, "h3", state="lost").code
-    255
+    >>> lost = InstanceResult(2, "h3", state=InstanceState.LOST)
+    >>> lost.code, lost.state, f"{lost.state}"
+    (255, <InstanceState.LOST: 'lost'>, 'lost')
     >>> LaunchResult((ok,), cause=JobCause("timed out after 90 s", 124)).exit_code
     124
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,36 +28,45 @@ if TYPE_CHECKING:
     from poprun_py.process.progress import Progress
 
 
+class InstanceState(enum.StrEnum):
+    """How an instance ended; its value is the text printed and written (as before: strings)."""
+
+    EXITED = "exited"  # ran to the end, any code
+    STOPPED = "stopped"  # poprun-py stopped it: another instance failed, or the user interrupted
+    LOST = "lost"  # its host stopped answering
+    NOT_STARTED = "not-started"
+
+
 @dataclass(frozen=True)
 class InstanceResult:
-    """How one instance ended.
-
-    ``state`` is one of ``exited`` (ran to the end, any code), ``stopped`` (poprun-py stopped it
-    because another instance failed or the user interrupted), ``lost`` (its host stopped
-    answering), ``not-started``.
-    """
+    """How one instance ended (``state``: see :class:`InstanceState`; its text is taken too)."""
 
     index: int
     host: str
     exit_code: int | None = None
     signal: int | None = None
-    state: str = "exited"
+    state: InstanceState = InstanceState.EXITED
     started: float = 0.0
     ended: float = 0.0
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", InstanceState(self.state))
+
     @property
     def failed(self) -> bool:
         """True when this instance is a failure in its own right (not merely stopped)."""
-        if self.state == "lost":
+        if self.state is InstanceState.LOST:
             return True
-        return self.state == "exited" and (self.exit_code != 0 or self.signal is not None)
+        return self.state is InstanceState.EXITED and (
+            self.exit_code != 0 or self.signal is not None
+        )
 
     @property
     def code(self) -> int:
         """An exit code for this outcome (128+signal for signals, 255 for a lost host, 1 if
         unknown)."""
-        if self.state == "lost":
+        if self.state is InstanceState.LOST:
             return EXIT_LOST
         if self.exit_code is not None:
             return self.exit_code
@@ -119,7 +130,7 @@ class LaunchResult:
     @property
     def lost_hosts(self) -> tuple[str, ...]:
         """The hosts lost during this attempt (each once, in instance order)."""
-        return tuple(dict.fromkeys(r.host for r in self.instances if r.state == "lost"))
+        return tuple(dict.fromkeys(r.host for r in self.instances if r.state is InstanceState.LOST))
 
 
 HOST_TIMEOUT = 180.0

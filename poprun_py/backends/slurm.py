@@ -55,7 +55,13 @@ from poprun_py.backends.external import (
     prepare_launcher,
     start_launcher,
 )
-from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
+)
 from poprun_py.backends.slurm_alloc import (
     SlurmRequest,
     allocated,
@@ -360,10 +366,10 @@ def unstage(job: RenderedJob, env: Mapping[str, str]) -> None:
 
 def _reported(end: TaskEnd, stopping: bool, report: TaskReport) -> _Outcome:
     if end.failed and stopping:  # ended after poprun-py stopped srun, signal or not
-        return "stopped", end.exit_code, end.signal, "step cancelled"
+        return InstanceState.STOPPED, end.exit_code, end.signal, "step cancelled"
     if end.signal in _STOP_SIGNALS and report.failed_before(end):
-        return "stopped", None, end.signal, "step cancelled after another task failed"
-    return "exited", end.exit_code, end.signal, end.detail
+        return InstanceState.STOPPED, None, end.signal, "step cancelled after another task failed"
+    return InstanceState.EXITED, end.exit_code, end.signal, end.detail
 
 
 def task_results(run: Supervised, hosts: Mapping[int, str], report: TaskReport) -> LaunchResult:
@@ -392,18 +398,18 @@ def task_results(run: Supervised, hosts: Mapping[int, str], report: TaskReport) 
     return LaunchResult(tuple(results), interrupted=run.interrupted, duration=run.duration)
 
 
-_Outcome = tuple[str, int | None, int | None, str]
+_Outcome = tuple[InstanceState, int | None, int | None, str]
 
 
 def _outcome(end: TaskEnd | None, code: int, stopping: bool, report: TaskReport) -> _Outcome:
     if end is not None:
         return _reported(end, stopping, report)
     if stopping:  # srun may give up waiting for a cancelled step and report nothing
-        return "stopped", None, None, "stopped with srun"
+        return InstanceState.STOPPED, None, None, "stopped with srun"
     if code == 0 or any(e.failed for e in report.ends.values()):
-        return "exited", 0, None, ""  # srun reports only tasks that failed
+        return InstanceState.EXITED, 0, None, ""  # srun reports only tasks that failed
     how, exit_code, sig = how_ended(code)
     detail = f"srun ended with {how}" + (f": {report.error}" if report.error else "")
     if "cpu bind" in report.error.lower():
         detail += f" ({BIND_HINT})"
-    return "exited", exit_code, sig, detail
+    return InstanceState.EXITED, exit_code, sig, detail

@@ -74,7 +74,13 @@ from poprun_py.agent.client import (
     pausing,
 )
 from poprun_py.backends.base import Defaults, run_to_end
-from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
+)
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
 
@@ -263,10 +269,11 @@ class SshRun:
             link = self.links[agent.name]
             link.start(agent, _host_header(self.job, link.host, self.run_id, self.timing))
 
-        outcomes = self.agents.map(start, list(self.links), connect=True)
+        outcomes = self.agents.each(start, list(self.links), connect=True)
         for host, link in self.links.items():
-            failure = outcomes.get(host, None)
-            if link.agent is None or isinstance(failure, BaseException):
+            got = outcomes.get(host)
+            failure = got.fault if got is not None else None
+            if link.agent is None or failure is not None:
                 why = f"{failure}" if failure else "no connection"
                 self.lose(link, f"cannot start the agent on host {host}: {why}")
             else:
@@ -319,7 +326,9 @@ class SshRun:
             self.stacks_dumped(link, index, text)
         elif kind in (P.FAILED, P.NOT_STARTED):
             detail = text.decode("utf-8", "replace")
-            state, code = ("exited", 127) if kind == P.FAILED else ("not-started", None)
+            failed = kind == P.FAILED
+            state = InstanceState.EXITED if failed else InstanceState.NOT_STARTED
+            code = 127 if failed else None
             self.finish(InstanceResult(index, link.host, code, None, state, detail=detail))
 
     def exited(self, index: int, value: int, by_signal: bool) -> None:
@@ -331,7 +340,7 @@ class SshRun:
                 self.hosts[index],
                 exit_code=None if by_signal else value,
                 signal=value if by_signal else None,
-                state="stopped" if stopped else "exited",
+                state=InstanceState.STOPPED if stopped else InstanceState.EXITED,
             )
         )
 
@@ -351,7 +360,7 @@ class SshRun:
         link.close()
         for index in link.indexes:
             if index not in self.results:
-                lost = InstanceResult(index, link.host, state="lost", detail=reason)
+                lost = InstanceResult(index, link.host, state=InstanceState.LOST, detail=reason)
                 self.finish(replace(lost, ended=when or link.heard_wall))
 
     def forget(self, link: AgentLink) -> None:
@@ -424,4 +433,6 @@ class SshRun:
         """The outcome of one instance (lost if its agent never said)."""
         if index in self.results:
             return self.results[index]
-        return InstanceResult(index, self.hosts[index], state="lost", detail="no report")
+        return InstanceResult(
+            index, self.hosts[index], state=InstanceState.LOST, detail="no report"
+        )

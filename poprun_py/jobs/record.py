@@ -13,10 +13,10 @@ Example:
     >>> r = JobRecord("c-20261201-120000-ab12", hosts=("h1", "h2"), backend="ssh", created=0.0)
     >>> r = running(r, attempt=0, now=1.0)
     >>> r.state, r.attempts, r.active
-    ('running', 1, True)
+    (<JobState.RUNNING: 'running'>, 1, True)
     >>> ended(r, 7, "instance 1 on h2 failed (exit code 7)", interrupted=False, now=2.0).state
-    'failed'
-    >>> observed(r, supervisor_alive=False).state
+    <JobState.FAILED: 'failed'>
+    >>> f"{observed(r, supervisor_alive=False).state}"  # its text, as written in job.json
     'lost'
     >>> check_job_id("c-1;rm")
     Traceback (most recent call last):
@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import time
@@ -35,8 +36,19 @@ from typing import Any
 
 from poprun_py.errors import EXIT_INTERRUPTED, UsageError
 
-STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
-ACTIVE = ("starting", "running")
+
+class JobState(enum.StrEnum):
+    """A detached job's state; its value is the text in ``job.json`` and printed (as before)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+
+ACTIVE = (JobState.STARTING, JobState.RUNNING)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
@@ -48,7 +60,7 @@ class JobRecord:
     hosts: tuple[str, ...] = ()
     backend: str = ""
     created: float = 0.0  # wall clock, as every time here
-    state: str = "starting"
+    state: JobState = JobState.STARTING
     supervisor: str = "localhost"  # the host the supervisor runs on (its plan name)
     job_dir: str = ""  # on the supervisor's host
     pid: int | None = None
@@ -60,6 +72,9 @@ class JobRecord:
     exit_code: int | None = None
     reason: str = ""
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:  # job.json holds the state's text
+        object.__setattr__(self, "state", JobState(self.state))
 
     @property
     def active(self) -> bool:
@@ -86,7 +101,9 @@ def check_job_id(text: str) -> str:
 def running(record: JobRecord, attempt: int, now: float | None = None) -> JobRecord:
     """Every instance of attempt ``attempt`` (0 first) is running."""
     at = time.time() if now is None else now
-    return replace(record, state="running", attempts=attempt + 1, started=record.started or at)
+    return replace(
+        record, state=JobState.RUNNING, attempts=attempt + 1, started=record.started or at
+    )
 
 
 def ended(
@@ -94,11 +111,11 @@ def ended(
 ) -> JobRecord:
     """The job is over: succeeded (0), stopped (interrupted) or failed (any other code)."""
     if exit_code == 0:
-        state = "succeeded"
+        state = JobState.SUCCEEDED
     elif interrupted or exit_code == EXIT_INTERRUPTED:
-        state = "stopped"
+        state = JobState.STOPPED
     else:
-        state = "failed"
+        state = JobState.FAILED
     at = time.time() if now is None else now
     return replace(record, state=state, exit_code=exit_code, reason=reason, ended=at)
 
@@ -106,7 +123,9 @@ def ended(
 def observed(record: JobRecord, *, supervisor_alive: bool) -> JobRecord:
     """The record as it stands: an active job whose supervisor is gone is ``lost``."""
     if record.active and not supervisor_alive:
-        return replace(record, state="lost", reason=record.reason or "its supervisor is gone")
+        return replace(
+            record, state=JobState.LOST, reason=record.reason or "its supervisor is gone"
+        )
     return record
 
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from poprun_py.backends.base import Backend, Checked, Session
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.result import InstanceState, LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
 from poprun_py.launch.clocks import Clocks, describe
 from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
@@ -255,7 +255,7 @@ def why_failed(result: LaunchResult) -> str:
     root = result.root_cause
     if root is None:
         return "the launch failed"
-    if root.state == "lost":
+    if root.state is InstanceState.LOST:
         what = f"lost contact with host {root.host}"
     elif root.signal is not None:
         what = f"was killed by signal {root.signal}"
@@ -263,7 +263,7 @@ def why_failed(result: LaunchResult) -> str:
         what = f"exited with code {root.exit_code}"
     detail = f" ({root.detail})" if root.detail else ""
     own = ""
-    if root.state != "lost" and root.code in OWN_CODES:
+    if root.state is not InstanceState.LOST and root.code in OWN_CODES:
         own = f" (exit code {root.code} is the instance's own, not poprun-py's)"
     return f"instance {root.index} on {root.host} {what}{detail}{own}"
 

@@ -15,7 +15,7 @@ Example:
     >>> prep = prepare(LaunchOptions(hosts="h1,h2", program=("t",)), environ={})
     >>> fake = FakeBackend({0: Script(exit_code=3, after=0.01), 1: Script(hang=True)})
     >>> result = launch(prep, RunSettings(), backend=fake)
-    >>> result.root_cause.index, result.exit_code, [r.state for r in result.instances]
+    >>> result.root_cause.index, result.exit_code, [r.state.value for r in result.instances]
     (0, 3, ['exited', 'stopped'])
     >>> fake.calls
     ['open', 'preflight', 'stage', 'start', 'wait', 'close']
@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Checked, Defaults
 from poprun_py.backends.names import Capabilities
-from poprun_py.backends.result import InstanceResult, LaunchResult, RunOptions, RunSettings
+from poprun_py.backends.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
+)
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.progress import FAULTHANDLER, MARKERS
 from poprun_py.providers.base import ProvisionContext
@@ -238,7 +244,9 @@ class FakeRunning:
                 continue
             script = self.script(index)
             if script.lost:
-                self._end(index, state="lost", detail=f"lost contact with {self.hosts[index]}")
+                self._end(
+                    index, state=InstanceState.LOST, detail=f"lost contact with {self.hosts[index]}"
+                )
             else:
                 self._end(index, exit_code=script.exit_code)
 
@@ -246,12 +254,12 @@ class FakeRunning:
         self.stop_at = now + self.options.grace_period
         for index in self.hosts:
             if index not in self.results and not self.script(index).ignores_term:
-                self._end(index, signal=15, state="stopped")
+                self._end(index, signal=15, state=InstanceState.STOPPED)
 
     def _kill(self) -> None:
         for index in self.hosts:
             if index not in self.results:
-                self._end(index, signal=SIGKILL, state="stopped")
+                self._end(index, signal=SIGKILL, state=InstanceState.STOPPED)
 
     def _end(self, index: int, **outcome: object) -> None:
         result = InstanceResult(index, self.hosts[index], ended=time.time(), **outcome)  # type: ignore[arg-type]
