@@ -47,6 +47,16 @@ class JobState(enum.StrEnum):
     STOPPED = "stopped"
     LOST = "lost"
 
+    @classmethod
+    def _missing_(cls, value: object) -> JobState | None:
+        """A state this version does not know (a newer poprun-py's record) is kept as its
+        text, so that ``jobs`` still lists the job, as it did when states were strings."""
+        if not isinstance(value, str):
+            return None
+        member = str.__new__(cls, value)
+        member._name_, member._value_ = value.upper(), value
+        return member
+
 
 ACTIVE = (JobState.STARTING, JobState.RUNNING)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")

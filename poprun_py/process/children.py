@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from poprun_py.backends.result import InstanceResult, LaunchResult
+from poprun_py.backends.result import InstanceResult, InstanceState, LaunchResult
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class ChildExit:
             host=self.host,
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
-            state=self.state,
+            state=InstanceState(self.state),
             started=self.started,
             ended=self.ended,
             detail=self.detail,
