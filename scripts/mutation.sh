@@ -18,7 +18,8 @@
 # suite, so it is a documented command, run by hand after changing the core.
 #
 # Usage: scripts/mutation.sh [--keep]
-#   --keep            reuse mutants/ from the previous run: only changed functions are re-tested
+#   --keep            reuse mutants/ from the previous run: only the changed functions' mutants
+#                     and the previous survivors are tested again
 #   MUTATION_JOBS=N   parallel workers (default 2: the machine has 2 cores, shared)
 #   MUTATION_MIN=P    the lowest passing score, in percent (default 90)
 set -euo pipefail
@@ -55,13 +56,28 @@ export XDG_CACHE_HOME="$scratch/cache" XDG_STATE_HOME="$scratch/state"
 mkdir -p "$XDG_CACHE_HOME" "$XDG_STATE_HOME"
 export POPRUN_TEST_SESSION="mutation-$$"
 
-[ "$keep" = 1 ] || rm -rf mutants
-start=$(date +%s)
-"$VENV_DIR/bin/mutmut" run --max-children "$jobs" >"$scratch/run.log" 2>&1 || {
-    tail -40 "$scratch/run.log" >&2
-    echo "mutation.sh: mutmut run failed (its log's end is above)" >&2
-    exit 1
+# mutmut keeps a verdict until the function changes, and copies a file into mutants/ only when
+# it is not there yet. With --keep, the tests are copied afresh, and the mutants that were not
+# killed are tried again (by name) after the changed functions' new ones: new tests may kill them.
+again=()
+if [ "$keep" = 1 ] && [ -d mutants ]; then
+    mapfile -t again < <("$VENV_DIR/bin/mutmut" results --all true |
+        awk -F': ' '$2 !~ /^(killed|timeout|caught by type check|not checked)$/ { print $1 }' |
+        tr -d ' ')
+    rm -rf mutants/tests
+else
+    rm -rf mutants
+fi
+mutmut_run() {
+    "$VENV_DIR/bin/mutmut" run --max-children "$jobs" "$@" >>"$scratch/run.log" 2>&1 || {
+        tail -40 "$scratch/run.log" >&2
+        echo "mutation.sh: mutmut run failed (its log's end is above)" >&2
+        exit 1
+    }
 }
+start=$(date +%s)
+mutmut_run
+[ "${#again[@]}" = 0 ] || mutmut_run "${again[@]}"
 elapsed=$(($(date +%s) - start))
 
 "$VENV_DIR/bin/mutmut" results --all true >"$scratch/results"
