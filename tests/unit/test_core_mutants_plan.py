@@ -14,7 +14,7 @@ import pytest
 from poprun_py.core.hosts import HostEntry, parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan, network_choice, replan_with_topologies
 from poprun_py.core.shard import InputSet
-from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
+from poprun_py.core.spec import ClusterSpec, Defaults, EnvVar, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import PlanError
 
@@ -181,4 +181,48 @@ def test_a_device_fault_lists_the_numa_nodes_of_the_instance() -> None:
     assert str(caught.value) == (
         "host h1: NUMA node(s) 0,1 give 0 device(s) per instance; 2 replica(s) x 1 device(s) "
         "need 2 (fewer devices per replica, or fewer instances per host)"
+    )
+
+
+def plan_fault(cluster: ClusterSpec, job: JobSpec, **kw: object) -> str:
+    with pytest.raises(PlanError) as caught:
+        make_plan(cluster, job, **kw)  # type: ignore[arg-type]
+    return str(caught.value)
+
+
+def test_plan_faults_are_one_line_each() -> None:
+    one = cluster_from_hosts(parse_hosts("h1"))
+    assert plan_fault(ClusterSpec("c", ()), JobSpec(("t",))) == "no hosts to run on"
+    assert plan_fault(one, JobSpec(("t",), eval_pad=2)) == "--eval-pad needs input files (--input)"
+    assert plan_fault(one, JobSpec(("t",), 4, 2), default_topology=uniform(1, 2, 2)) == (
+        "host h1 has 2 devices; 2 instance(s) x 2 replica(s) x 1 device(s) need 4"
+    )
+    two = replace(
+        cluster_from_hosts(parse_hosts("h1,h2")), name="c", defaults=Defaults(instances=3)
+    )
+    assert plan_fault(two, JobSpec(("t",), 3)) == (
+        "3 instances (default of cluster c) is not a multiple of the number of hosts (2)"
+    )
+
+
+def test_without_numa_awareness_instances_take_their_devices_in_order() -> None:
+    cluster = cluster_from_hosts(parse_hosts("h1"), topology=uniform(2, 2, 2))
+    plan = make_plan(cluster, JobSpec(("t",), 4, 2, numa_aware=False))
+    assert [i.devices for i in plan.instances] == [(0, 1), (2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("count", "unbound", "unplaced"),
+    [(3, "h1, h2, h3", "h1, h2, h3"), (4, "h1, h2, h3 (+1)", "h1, h2, h3 (+more)")],
+)
+def test_notes_name_three_hosts_then_say_how_many_more(
+    count: int, unbound: str, unplaced: str
+) -> None:
+    topo = replace(uniform(1, 2, 1), devices_placed=False)
+    cluster = cluster_from_hosts(parse_hosts(f"h[1-{count}]"), topology=topo)
+    assert make_plan(cluster, JobSpec(("t",), count, count)).notes == (
+        f"binding would change nothing on {unbound} (one NUMA node holds every CPU): those "
+        "instances are not bound",
+        f"devices of {unplaced}: the firmware reports numa_node -1; spread over the NUMA nodes "
+        "in order",
     )
