@@ -19,6 +19,11 @@
 # `--keep` run re-testing ~560 survivors after new tests took 19 min here. Too long for CI's
 # budget beside the suite, so it is a documented command, run by hand after changing the core.
 #
+# Run it alone on the machine: mutmut 3.8.1's timeout thread sends SIGXCPU to the pids of its
+# workers when their time is up, also to workers that have ended (mutmut/workers/timeout.py),
+# and such a pid may by then be any other process's. Here it killed a poprun-py launch of a
+# test suite run at the same time (exit -24).
+#
 # Usage: scripts/mutation.sh [--keep]
 #   --keep            reuse mutants/ from the previous run: only the changed functions' mutants
 #                     and the previous survivors are tested again
