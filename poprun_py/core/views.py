@@ -78,10 +78,14 @@ def _layout(plan: LaunchPlan, rows: dict[str, list[list[str]]], folded: bool) ->
             k += len(group)
     inst_cells = [c for group in rows["instances"] for c in group]
     inst_widths = [max(w, len(c) + 2) for w, c in zip(inst_widths, inst_cells, strict=True)]
-    host_widths, k = [], 0
-    for group in rows["instances"]:
-        host_widths.append(sum(inst_widths[k : k + len(group)]) + len(group) - 1)
+    host_widths, stretched, k = [], [], 0
+    for h, group in zip(plan.hosts, rows["instances"], strict=True):
+        mine = inst_widths[k : k + len(group)]
         k += len(group)
+        width = max(sum(mine) + len(mine) - 1, len(h.name) + 2)  # a long name widens its cells
+        host_widths.append(width)
+        stretched += _stretch(mine, width)
+    inst_widths = stretched
     hosts = [(h.name, w) for h, w in zip(plan.hosts, host_widths, strict=True)]
     label = "{:<9}".format
     leaf_widths = _leaf_widths(widths, inst_widths, rows, folded)
@@ -98,14 +102,19 @@ def _leaf_widths(
     """Stretch the replica cells so they fill their instance cell exactly."""
     if folded:
         return inst_widths
-    result, k = [], 0
+    result: list[int] = []
+    k = 0
     for group, total in zip(rows["replicas"], inst_widths, strict=True):
-        mine = widths[k : k + len(group)]
+        result += _stretch(widths[k : k + len(group)], total)
         k += len(group)
-        extra = total - (sum(mine) + len(mine) - 1)
-        for j, w in enumerate(mine):
-            result.append(w + extra // len(mine) + (1 if j < extra % len(mine) else 0))
     return result
+
+
+def _stretch(widths: list[int], total: int) -> list[int]:
+    """Cells of ``widths`` (joined by ``|``) widened to fill ``total`` exactly, the first ones
+    taking the remainder."""
+    extra = total - (sum(widths) + len(widths) - 1)
+    return [w + extra // len(widths) + (j < extra % len(widths)) for j, w in enumerate(widths)]
 
 
 def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:

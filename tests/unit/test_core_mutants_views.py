@@ -271,3 +271,18 @@ def test_the_plan_json_has_every_documented_key() -> None:
 def test_a_host_without_topology_or_interface_has_nulls_in_the_json() -> None:
     host = plan_dict(plan_of("h1", 1, 1))["hosts"][0]
     assert (host["device_kind"], host["interface"], host["numa_nodes"]) == (None, None, [])
+
+
+def test_a_host_name_longer_than_its_cells_widens_them_and_every_row_stays_aligned() -> None:
+    from poprun_py.core.hosts import parse_hosts
+    from poprun_py.core.plan import make_plan
+    from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    from poprun_py.core.views import topology_lines
+
+    cluster = cluster_from_hosts(parse_hosts("a-rather-long-host-name-01,h2"))
+    lines = topology_lines(make_plan(cluster, JobSpec(("t",), replicas=8, instances=4)))
+    assert lines == [
+        "| hosts     | a-rather-long-host-name-01 |       h2      |",
+        "| instances |      0       |      1      |   2   |   3   |",
+        "| replicas  |   0   |  1   |  2   |  3   | 4 | 5 | 6 | 7 |",
+    ]
