@@ -213,12 +213,17 @@ def network_choice(plan: LaunchPlan) -> str:
     )
 
 
+def _first_three(names: Sequence[str]) -> str:
+    """``h1, h2, h3 (+5)``: a note's hosts, the first three by name, then how many more."""
+    return ", ".join(names[:3]) + (f" (+{len(names) - 3})" * (len(names) > 3))
+
+
 def _placement_notes(hosts: Sequence[HostPlan]) -> list[str]:
     unknown = [h.name for h in hosts if h.topology is not None and not h.topology.devices_placed]
     if not unknown:
         return []
     return [
-        f"devices of {', '.join(unknown[:3])}{' (+more)' * (len(unknown) > 3)}: the firmware "
+        f"devices of {_first_three(unknown)}: the firmware "
         "reports numa_node -1; spread over the NUMA nodes in order"
     ]
 
@@ -421,7 +426,7 @@ def _unbound_notes(hosts: Sequence[HostPlan], instances: Sequence[InstancePlan])
     whole = [hp for hp in hosts if hp.index in unbound]
     if not whole:
         return []
-    names = ", ".join(hp.name for hp in whole[:3]) + (f" (+{len(whole) - 3})" * (len(whole) > 3))
+    names = _first_three([hp.name for hp in whole])
     one_node = all(hp.topology is not None and len(hp.topology.numa_nodes) == 1 for hp in whole)
     why = "one NUMA node holds every CPU" if one_node else "an instance holds every CPU"
     return [f"{UNBOUND_NOTE} on {names} ({why}): those instances are not bound"]

@@ -213,7 +213,7 @@ def test_without_numa_awareness_instances_take_their_devices_in_order() -> None:
 
 @pytest.mark.parametrize(
     ("count", "unbound", "unplaced"),
-    [(3, "h1, h2, h3", "h1, h2, h3"), (4, "h1, h2, h3 (+1)", "h1, h2, h3 (+more)")],
+    [(3, "h1, h2, h3", "h1, h2, h3"), (5, "h1, h2, h3 (+2)", "h1, h2, h3 (+2)")],
 )
 def test_notes_name_three_hosts_then_say_how_many_more(
     count: int, unbound: str, unplaced: str
