@@ -214,7 +214,7 @@ def network_choice(plan: LaunchPlan) -> str:
 
 
 def _first_three(names: Sequence[str]) -> str:
-    """``h1, h2, h3 (+5)``: a note's hosts, the first three by name, then how many more."""
+    """``h1, h2, h3 (+5)``: a note's hosts: the first three, then how many more."""
     return ", ".join(names[:3]) + (f" (+{len(names) - 3})" * (len(names) > 3))
 
 
