@@ -57,6 +57,11 @@ class JobState(enum.StrEnum):
         member._name_, member._value_ = value.upper(), value
         return member
 
+    def __reduce_ex__(self, protocol: object) -> tuple[type[JobState], tuple[str]]:
+        """Copied and pickled by value (``dataclasses.asdict`` deep-copies it), not by name as
+        Python 3.11.2's Enum does, which a kept unknown state does not have."""
+        return type(self), (self._value_,)
+
 
 ACTIVE = (JobState.STARTING, JobState.RUNNING)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
