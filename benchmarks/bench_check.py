@@ -94,7 +94,7 @@ def discovery_cost(cluster: TestCluster, spec: Path, runs: int) -> dict[str, flo
         "with discovery and addresses (--network)": replace(base, network=cluster.data_subnet),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
-    settings = launcher.ssh_settings(prep, launcher.RunSettings())
+    settings = launcher.ssh_settings(prep)
     with ConnectionPool(list(prep.plan.cluster.hosts), settings) as pool:
         agents = AgentPool(pool)
         try:

@@ -130,7 +130,7 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
     quiet = RunOptions(sink=lambda i, s, line: None)
     for _ in range(runs):
         prep = prepare(opts)
-        settings = launcher.ssh_settings(prep, launcher.RunSettings())
+        settings = launcher.ssh_settings(prep)
         for agents in (False, True):
             with ConnectionPool(list(prep.plan.cluster.hosts), settings) as pool:
                 t0 = time.perf_counter()

@@ -58,10 +58,9 @@ def local_topologies(prep: Prepared) -> dict[str, Topology | None]:
     return {h.name: topo for h in prep.plan.hosts}
 
 
-def ssh_settings(prep: Prepared, settings: RunSettings | None = None) -> SshSettings:
+def ssh_settings(prep: Prepared) -> SshSettings:
     """The transport settings for this job: the launch's SSH flags, then the cluster spec
-    (:func:`~poprun_py.ssh.settings.settings_for`). No run setting changes them: ``settings``
-    is taken, and not read, for the callers that pass the run's."""
+    (:func:`~poprun_py.ssh.settings.settings_for`)."""
     from poprun_py.ssh.settings import settings_for
 
     return settings_for(prep.plan.cluster, prep.options.ssh)

@@ -136,9 +136,9 @@ def detach(prep: Prepared, options: DetachOptions) -> JobRecord:
         _sync(prep)
     if host is None:
         return _start(LocalJobHost(), record, prep)
-    from poprun_py.prepare.job import ssh_settings
+    from poprun_py.ssh.settings import settings_for
 
-    settings = ssh_settings(prep.plan.cluster, prep.options.ssh)
+    settings = settings_for(prep.plan.cluster, prep.options.ssh)
     with remote_job_host(host, settings) as remote:
         return _start(remote, record, prep)
 
@@ -163,10 +163,10 @@ def _start(host: JobHost, record: JobRecord, prep: Prepared) -> JobRecord:
 def _sync(prep: Prepared) -> None:
     """``--sync`` from here, before the supervisor starts (it has the client's files then)."""
     from poprun_py.launch.launcher import sync_root
-    from poprun_py.prepare.job import ssh_settings
     from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import settings_for
     from poprun_py.ssh.sync import sync
 
     hosts = [h.spec for h in prep.plan.hosts]
-    with ConnectionPool(hosts, ssh_settings(prep.plan.cluster, prep.options.ssh)) as pool:
+    with ConnectionPool(hosts, settings_for(prep.plan.cluster, prep.options.ssh)) as pool:
         sync(pool, [sync_root(prep.plan)], timeout=prep.long_run.timeout)

@@ -72,7 +72,7 @@ def test_hosts_picked_from_a_spec_keep_its_ssh_settings() -> None:
 
 def test_launch_with_spec_and_hosts_uses_the_specs_ssh_settings(spec_file: Path) -> None:
     opts = LaunchOptions(program=("true",), cluster=str(spec_file), hosts="n1", backend="ssh")
-    settings = launcher.ssh_settings(prepare(opts, environ={}), launcher.RunSettings())
+    settings = launcher.ssh_settings(prepare(opts, environ={}))
     assert settings.known_hosts == Path("/etc/lab/known_hosts")
     assert settings.ssh_config == Path("/etc/lab/ssh_config")
     assert settings.connect_timeout == 4.0
@@ -92,7 +92,7 @@ def test_launch_flags_override_the_spec(spec_file: Path) -> None:
         connect_timeout=2.5,
     )
     prep = prepare(opts, environ={})
-    settings = launcher.ssh_settings(prep, launcher.RunSettings())
+    settings = launcher.ssh_settings(prep)
     assert (settings.ssh_config, settings.known_hosts) == (
         Path("/mine/config"),
         Path("/mine/known"),
