@@ -81,7 +81,7 @@ def discovery_cost(cluster: TestCluster, spec: Path, runs: int) -> dict[str, flo
     """Median seconds of the check script on every host at once, through the agents."""
     from poprun_py.agent.client import AgentPool
     from poprun_py.launch import launcher
-    from poprun_py.launch.preflight import checks_argv, checks_for_plan
+    from poprun_py.preflight.probes import checks_argv, checks_for_plan
     from poprun_py.prepare.job import LaunchOptions, prepare
     from poprun_py.ssh.pool import ConnectionPool
 

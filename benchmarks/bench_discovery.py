@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from poprun_py.core.hardware import DISCOVERY_SCRIPT
-from poprun_py.launch.preflight import CHECK_SCRIPT, Checks, checks_argv
+from poprun_py.preflight.probes import CHECK_SCRIPT, Checks, checks_argv
 
 SHM = "/dev/shm" if Path("/dev/shm").is_dir() else None  # in memory, as sysfs is
 

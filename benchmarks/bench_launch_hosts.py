@@ -117,10 +117,10 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
     launch with preflight on plain connections (a login session per host for the checks, then
     one for the agent) and with preflight run by the agents (one login session per host)."""
     from poprun_py.agent.client import AgentPool
-    from poprun_py.backends.result import RunOptions
     from poprun_py.backends.ssh import SshBackend
+    from poprun_py.core.result import RunOptions
     from poprun_py.launch import launcher
-    from poprun_py.launch.preflight import preflight
+    from poprun_py.preflight.probes import preflight
     from poprun_py.prepare.job import LaunchOptions, prepare
     from poprun_py.ssh.pool import ConnectionPool
 

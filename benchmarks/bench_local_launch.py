@@ -34,9 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from poprun_py.backends.local import LocalBackend
-from poprun_py.backends.result import RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
+from poprun_py.core.result import RunOptions
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.prepare.discover import discover_local

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench_launch_hosts import write_spec  # noqa: E402
 
-from poprun_py.backends.result import RunSettings  # noqa: E402
+from poprun_py.core.result import RunSettings  # noqa: E402
 from poprun_py.launch.launcher import launch  # noqa: E402
 from poprun_py.prepare.job import LaunchOptions, prepare  # noqa: E402
 from poprun_py.providers.netns import create_cluster, destroy_cluster  # noqa: E402

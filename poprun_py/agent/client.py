@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from poprun_py.agent import host as remote_agent
 from poprun_py.agent import protocol as P
-from poprun_py.backends.result import HOST_TIMEOUT
+from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The backend registry: :data:`~poprun_py.backends.names.REGISTRY` names every backend, its
+"""The backend registry: :data:`~poprun_py.core.backends.REGISTRY` names every backend, its
 class and its capabilities once; :data:`BACKENDS` creates them, importing each lazily.
 
 Adding a backend: write one module under ``backends/`` with a class that satisfies
@@ -7,8 +7,8 @@ Adding a backend: write one module under ``backends/`` with a class that satisfi
 :class:`~poprun_py.backends.session.RemoteSession` around a runner -- plus ``render_args``,
 ``known_topologies`` and ``batch_script``, whose defaults come from
 :class:`~poprun_py.backends.base.Defaults`), a template ``render/templates/<name>.j2`` when it
-has a launcher command, and one entry in :data:`~poprun_py.backends.names.REGISTRY` with its
-:class:`~poprun_py.backends.names.Capabilities` (what prepare, render, jobs and cli ask of it:
+has a launcher command, and one entry in :data:`~poprun_py.core.backends.REGISTRY` with its
+:class:`~poprun_py.core.backends.Capabilities` (what prepare, render, jobs and cli ask of it:
 never its name).
 
 Example:
@@ -27,8 +27,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from poprun_py.backends.names import REGISTRY
-from poprun_py.errors import UnknownNameError
+from poprun_py.core.backends import REGISTRY, check_backend
 
 if TYPE_CHECKING:
     from poprun_py.backends.base import Backend
@@ -44,13 +43,6 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
     name: functools.partial(_create, name) for name in REGISTRY
 }
 """Backend name -> a factory (tests may put a fake's in the place of one)."""
-
-
-def check_backend(name: str) -> str:
-    """Return ``name`` if it is a known backend; raise UnknownNameError listing the valid ones."""
-    if name not in BACKENDS:
-        raise UnknownNameError("backend", name, list(BACKENDS))
-    return name
 
 
 def get_backend(name: str) -> Backend:

@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from poprun_py.backends.names import Capabilities, capabilities
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.core.backends import Capabilities, capabilities
+from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 
 if TYPE_CHECKING:
     from poprun_py.core.topology import Topology
@@ -122,7 +122,7 @@ class Session(Protocol):
 
 
 class Backend(Protocol):
-    """A registered backend (:data:`poprun_py.backends.names.REGISTRY`)."""
+    """A registered backend (:data:`poprun_py.core.backends.REGISTRY`)."""
 
     name: str
 
@@ -159,7 +159,7 @@ class Defaults:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Those of :data:`~poprun_py.backends.names.REGISTRY` for its name."""
+        """Those of :data:`~poprun_py.core.backends.REGISTRY` for its name."""
         return capabilities(self.name)
 
     def render_args(self, prep: Prepared) -> RenderArgs:

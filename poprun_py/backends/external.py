@@ -29,7 +29,7 @@ log = logging.getLogger("poprun_py.backends")
 
 if TYPE_CHECKING:
     from poprun_py.agent.relay import RankDumps, Relay
-    from poprun_py.backends.result import LaunchResult
+    from poprun_py.core.result import LaunchResult
     from poprun_py.process.signals import Control, DumpRequest
     from poprun_py.render.job import RenderedJob
 

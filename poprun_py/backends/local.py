@@ -12,7 +12,7 @@ never on the machines of those names. Unless a cluster spec declares its hosts `
 (``clusters/local-2.yaml``) or they are this machine's names, the plan's notes say so
 (:func:`poprun_py.prepare.program.simulated_note`) and so does one warning on stderr when the
 launch starts. Preflight checks the working directory and the program here before anything
-starts (:func:`poprun_py.launch.preflight.check_here`).
+starts (:func:`poprun_py.preflight.probes.check_here`).
 
 Example:
 
@@ -35,8 +35,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Defaults, run_to_end
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import LocalSession, check_numactl, local_topologies
+from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.prepare.program import SIMULATED
 from poprun_py.process.output import Output, write_job_files
 from poprun_py.process.supervise import Child, Supervision

@@ -48,13 +48,13 @@ from poprun_py.backends.base import Defaults, Session, run_to_end
 from poprun_py.backends.external import LauncherRun, prepare_launcher, start_launcher
 from poprun_py.backends.mpi import source_address
 from poprun_py.backends.mpirun import FailureReport, TagDemux, rank_results
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import (
     MPI_BEHIND_JUMP,
     LocalSession,
     RemoteSession,
     local_topologies,
 )
+from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.stackdump import signal_ranks

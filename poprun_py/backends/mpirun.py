@@ -41,18 +41,18 @@ from poprun_py.backends.external import (
     start_launcher,
 )
 from poprun_py.backends.mpi import mpirun_render_args
-from poprun_py.backends.result import (
-    InstanceResult,
-    InstanceState,
-    LaunchResult,
-    RunOptions,
-    RunSettings,
-)
 from poprun_py.backends.session import (
     MPI_BEHIND_JUMP,
     LocalSession,
     RemoteSession,
     local_topologies,
+)
+from poprun_py.core.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
 )
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed, Supervised

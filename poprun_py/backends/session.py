@@ -28,13 +28,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Checked, Runner, Running
-from poprun_py.backends.result import RunOptions, RunSettings
+from poprun_py.core.result import RunOptions, RunSettings
 from poprun_py.errors import Fault, PreflightError
 
 if TYPE_CHECKING:
     from poprun_py.agent.client import AgentPool
     from poprun_py.core.topology import Topology
-    from poprun_py.launch.preflight import PreflightReport
+    from poprun_py.preflight.probes import PreflightReport
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderedJob
@@ -87,7 +87,7 @@ class LocalSession:
     def preflight(self, prep: Prepared) -> Checked:
         """The launcher's tools are on PATH; the working directory and the program are here;
         the topology is this machine's."""
-        from poprun_py.launch.preflight import check_here
+        from poprun_py.preflight.probes import check_here
 
         check_tools(self.tools)
         plan = prep.plan
@@ -178,7 +178,7 @@ class RemoteSession:
 
     def preflight(self, prep: Prepared) -> Checked:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
-        from poprun_py.launch.preflight import preflight
+        from poprun_py.preflight.probes import preflight
 
         check_tools(self.tools)  # the launcher runs here: before any host is contacted
         if self.direct_only:
@@ -198,7 +198,7 @@ class RemoteSession:
     def stage(self, job: RenderedJob) -> None:
         """Write the shard files and job files on every host, through the agents (once numactl
         is known to be there for the commands that use it)."""
-        from poprun_py.launch.preflight import check_numactl as check_remote_numactl
+        from poprun_py.preflight.probes import check_numactl as check_remote_numactl
 
         if self.report is not None:
             check_remote_numactl(job, self.report)

@@ -55,13 +55,6 @@ from poprun_py.backends.external import (
     prepare_launcher,
     start_launcher,
 )
-from poprun_py.backends.result import (
-    InstanceResult,
-    InstanceState,
-    LaunchResult,
-    RunOptions,
-    RunSettings,
-)
 from poprun_py.backends.slurm_alloc import (
     SlurmRequest,
     allocated,
@@ -72,13 +65,20 @@ from poprun_py.backends.slurm_alloc import (
     unstage_argv,
 )
 from poprun_py.backends.slurm_stacks import STACKS_SUFFIX, StepStacks
+from poprun_py.core.result import (
+    InstanceResult,
+    InstanceState,
+    LaunchResult,
+    RunOptions,
+    RunSettings,
+)
 from poprun_py.errors import BackendError, Fault, PreflightError
 from poprun_py.process.commands import failure_line, run_captured
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.supervise import Child, Feed, Supervised
 
 if TYPE_CHECKING:
-    from poprun_py.launch.preflight import PreflightReport
+    from poprun_py.preflight.probes import PreflightReport
     from poprun_py.prepare.job import Prepared
     from poprun_py.process.signals import Control
     from poprun_py.render.job import RenderArgs, RenderedJob
@@ -311,7 +311,7 @@ class SlurmSession:
         """srun's tasks read the job's files from the job directory; numactl must be on the
         nodes whose tasks run under it."""
         if self.report is not None:
-            from poprun_py.launch.preflight import check_numactl
+            from poprun_py.preflight.probes import check_numactl
 
             check_numactl(job, self.report)
 

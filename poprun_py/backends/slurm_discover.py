@@ -1,7 +1,7 @@
 """Preflight inside a Slurm allocation: one step, a task per node, runs preflight's check script
-(:data:`poprun_py.launch.preflight.CHECK_SCRIPT`: working directory, program, numactl, the NUMA
+(:data:`poprun_py.preflight.probes.CHECK_SCRIPT`: working directory, program, numactl, the NUMA
 topology, GPUs, RDMA NICs and interfaces) and names its node (``SLURMD_NODENAME``). Each node's
-answer is parsed as an SSH host's is (:func:`~poprun_py.launch.preflight.parse_check_output`), so
+answer is parsed as an SSH host's is (:func:`~poprun_py.preflight.probes.parse_check_output`), so
 ``--network`` picks each node's interface and every node's faults come at once (exit 3, nothing
 started). The step overlaps (``--overlap``) any step already running in the allocation, so it
 never waits for CPUs another step holds. When every node's topology is declared and there is no
@@ -36,7 +36,7 @@ from poprun_py.backends.slurm_alloc import CLIENT_TIMEOUT, cancel_steps, client
 from poprun_py.core.hosts import expand_names
 from poprun_py.core.topology import TopologyError, parse_cpulist
 from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
-from poprun_py.launch.preflight import (
+from poprun_py.preflight.probes import (
     CHECK_SCRIPT,
     HostReport,
     PreflightReport,

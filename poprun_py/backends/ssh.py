@@ -74,7 +74,7 @@ from poprun_py.agent.client import (
     pausing,
 )
 from poprun_py.backends.base import Defaults, run_to_end
-from poprun_py.backends.result import (
+from poprun_py.core.result import (
     InstanceResult,
     InstanceState,
     LaunchResult,

@@ -131,7 +131,7 @@ def _show_faults(exc: PreflightError) -> None:
     if len(exc.faults) < 2:
         return
     from poprun_py.cli.app import console
-    from poprun_py.launch.preflight import format_faults
+    from poprun_py.preflight.probes import format_faults
 
     console(stderr=True).print(format_faults(exc.faults))
 

@@ -29,8 +29,8 @@ from poprun_py.errors import UsageError
 from poprun_py.prepare.job import Prepared, prepare
 
 if TYPE_CHECKING:
-    from poprun_py.backends.result import LaunchResult
     from poprun_py.core.plan import LaunchPlan
+    from poprun_py.core.result import LaunchResult
 
 
 _RETAINED: list[object] = []

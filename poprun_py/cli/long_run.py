@@ -5,7 +5,7 @@ every attempt again in the summary at the end (:func:`attempt_lines`).
 
 Example:
 
-    >>> from poprun_py.backends.result import InstanceResult, JobCause, LaunchResult
+    >>> from poprun_py.core.result import InstanceResult, JobCause, LaunchResult
     >>> first = LaunchResult((InstanceResult(1, "h2", exit_code=7),))
     >>> last = LaunchResult((InstanceResult(1, "h2", exit_code=0),), attempts=(first,))
     >>> attempt_lines(last)
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Optional, TextIO
 import typer
 
 if TYPE_CHECKING:
-    from poprun_py.backends.result import LaunchResult
+    from poprun_py.core.result import LaunchResult
 
 H_LONG = "Long runs"
 

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.backends.names import capabilities
+from poprun_py.core.backends import capabilities
 from poprun_py.errors import UsageError
 from poprun_py.jobs import registry
 from poprun_py.jobs.place import JobHost, LocalJobHost, remote_job_host

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from poprun_py.errors import Fault
 
 if TYPE_CHECKING:
-    from poprun_py.backends.result import LaunchResult
     from poprun_py.core.plan import LaunchPlan
+    from poprun_py.core.result import LaunchResult
     from poprun_py.prepare.job import Prepared
 
 MARK = "POPRUN-CHECK"

@@ -14,7 +14,7 @@ log and on the terminal. The clock waits for the runner's answer (at most
 :data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
 :data:`~poprun_py.process.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
 SIGUSR1 was sent, then stops the job with a job-level cause
-(:class:`~poprun_py.backends.result.JobCause`, exit 124) -- unless something else stopped it
+(:class:`~poprun_py.core.result.JobCause`, exit 124) -- unless something else stopped it
 first (an instance failed meanwhile: its failure stays the root cause). An instance that ended,
 in any way, is never hung: the attempt tells the progress of every end
 (:meth:`~poprun_py.process.progress.Progress.ended`). The thread never touches the backend
@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 
-from poprun_py.backends.result import JobCause
+from poprun_py.core.result import JobCause
 from poprun_py.errors import EXIT_TIMEOUT
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control, DumpRequest

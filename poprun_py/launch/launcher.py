@@ -30,10 +30,10 @@ from pathlib import Path
 
 from poprun_py.backends import get_backend
 from poprun_py.backends.base import Backend, Checked
-from poprun_py.backends.names import capabilities
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.backends.session import ssh_settings
+from poprun_py.core.backends import capabilities
 from poprun_py.core.plan import LaunchPlan
+from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.core.topology import Topology
 from poprun_py.prepare.job import Prepared
 from poprun_py.process import private

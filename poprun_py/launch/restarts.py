@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from poprun_py.backends.base import Backend, Checked, Session
-from poprun_py.backends.result import InstanceState, LaunchResult, RunOptions, RunSettings
+from poprun_py.core.result import InstanceState, LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
 from poprun_py.launch.clocks import Clocks, describe
 from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced

@@ -22,12 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from poprun_py.backends import check_backend
-from poprun_py.backends.names import capabilities
-from poprun_py.backends.result import HOST_TIMEOUT
+from poprun_py.core.backends import capabilities, check_backend
 from poprun_py.core.env import check_user_env
 from poprun_py.core.hosts import HostEntry, parse_hosts, read_hostfile, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.core.shard import InputSet, refuse_uneven
 from poprun_py.core.spec import (
     ClusterSpec,
@@ -50,7 +49,7 @@ from poprun_py.ssh.settings import (
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
-DEFAULT_HOST_TIMEOUT = HOST_TIMEOUT  # see poprun_py.backends.result and the README
+DEFAULT_HOST_TIMEOUT = HOST_TIMEOUT  # see poprun_py.core.result and the README
 
 
 ssh_settings = settings_for

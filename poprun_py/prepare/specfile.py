@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from poprun_py.backends.names import REGISTRY
+from poprun_py.core.backends import REGISTRY
 from poprun_py.core.hosts import check_unique, expand_names
 from poprun_py.core.schema import (
     Bool,

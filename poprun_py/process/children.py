@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from poprun_py.backends.result import InstanceResult, InstanceState, LaunchResult
+from poprun_py.core.result import InstanceResult, InstanceState, LaunchResult
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ last line even when the launcher is killed. Job files go through
 
 Example:
 
-    >>> from poprun_py.backends.result import RunOptions
+    >>> from poprun_py.core.result import RunOptions
     >>> lines = []
     >>> out = Output(RunOptions(sink=lambda i, s, line: lines.append((i, s, line))), {0: "h1"})
     >>> feed = LineFeed(out, 0, "stdout")
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from poprun_py.backends.result import OutputSink, RunOptions
+from poprun_py.core.result import OutputSink, RunOptions
 from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.process import private
 from poprun_py.process.progress import MARKERS

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from poprun_py.backends.result import InstanceResult
+    from poprun_py.core.result import InstanceResult
 
 STOP_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.backends.names import REGISTRY
 from poprun_py.core import shellwords
+from poprun_py.core.backends import REGISTRY
 from poprun_py.core.topology import format_cpulist
 from poprun_py.errors import PoprunError, RenderError
 from poprun_py.render.filters import quote, quoted, word, words
@@ -34,7 +34,7 @@ INSTANCE_TEMPLATE = "instance.j2"
 
 
 class _LauncherTemplates(Mapping[str, str | None]):
-    """The registry's (:data:`~poprun_py.backends.names.REGISTRY`) launcher templates, read
+    """The registry's (:data:`~poprun_py.core.backends.REGISTRY`) launcher templates, read
     when asked: a backend registered later (a test's fake) is one too."""
 
     def __getitem__(self, name: str) -> str | None:

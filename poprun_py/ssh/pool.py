@@ -180,7 +180,7 @@ class ConnectionPool:
         connect: bool = False,
     ) -> dict[str, T | BaseException]:
         """:meth:`each`, every outcome as its value or its fault itself (the view of
-        :class:`~poprun_py.launch.preflight.RunnerPool`)."""
+        :class:`~poprun_py.preflight.probes.RunnerPool`)."""
         results = self.each(fn, hosts, connect=connect)
         return {h: r.value if r.fault is None else r.fault for h, r in results.items()}
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from poprun_py.backends.base import Checked, Defaults
-from poprun_py.backends.names import Capabilities
-from poprun_py.backends.result import (
+from poprun_py.core.backends import Capabilities
+from poprun_py.core.result import (
     InstanceResult,
     InstanceState,
     LaunchResult,
@@ -112,7 +112,7 @@ def registered(backend: FakeBackend, can: Capabilities) -> Iterator[FakeBackend]
     prepare, render, jobs and cli ask it what they ask a real backend, and ``get_backend``
     returns it."""
     from poprun_py.backends import BACKENDS
-    from poprun_py.backends.names import REGISTRY, Registered
+    from poprun_py.core.backends import REGISTRY, Registered
 
     assert backend.name not in REGISTRY, f"{backend.name} is a real backend's name"
     REGISTRY[backend.name] = Registered("", can)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.backends.local import LocalBackend
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology, parse_cpulist

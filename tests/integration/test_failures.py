@@ -111,7 +111,7 @@ def test_double_forked_orphan_with_a_cleared_environment_is_stopped(tmp_path: Pa
 
 DRIVER = """
 import json, pickle, sys
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.local import LocalBackend
 job = pickle.load(open(sys.argv[1], "rb"))
 result = LocalBackend().run(job, RunOptions(grace_period=1.0))
@@ -160,7 +160,7 @@ def test_without_pidfds_exits_are_polled(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("new_session", [True, False], ids=["session", "group"])
 @pytest.mark.requires("pgrep")
 def test_supervise_stops_groups_and_escapees_in_either_mode(new_session: bool) -> None:
-    from poprun_py.backends.result import RunOptions
+    from poprun_py.core.result import RunOptions
     from poprun_py.process.output import Output
     from poprun_py.process.supervise import Child, supervise
 
@@ -178,7 +178,7 @@ def test_supervise_stops_groups_and_escapees_in_either_mode(new_session: bool) -
 
 @pytest.mark.parametrize("new_session", [True, False], ids=["session", "group"])
 def test_each_child_leads_its_own_group_and_session_when_asked(new_session: bool) -> None:
-    from poprun_py.backends.result import RunOptions
+    from poprun_py.core.result import RunOptions
     from poprun_py.process.output import Output
     from poprun_py.process.supervise import Child, supervise
 

@@ -18,8 +18,8 @@ import pytest
 
 from poprun_py.backends.local import LocalBackend
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import EnvVar
 from tests.integration.helpers import EXAMPLES, make_job, mpirun_job, need_mpi, plan_for

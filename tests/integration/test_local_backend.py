@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends.local import LocalBackend
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.topology import NumaNode, Topology, parse_sysfs_nodes
 from poprun_py.errors import PreflightError

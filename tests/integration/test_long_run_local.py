@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends.external import LauncherRun
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Child, Supervision

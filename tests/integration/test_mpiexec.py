@@ -25,8 +25,8 @@ import pytest
 from poprun_py.agent.client import AgentPool, stage_job
 from poprun_py.backends.mpi import source_address
 from poprun_py.backends.mpiexec import MpiexecBackend, mpiexec_args
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job
@@ -150,7 +150,7 @@ def test_a_failing_local_rank_is_the_root_cause_with_its_own_code(
 
 INTERRUPT_DRIVER = """
 import json, pickle, sys
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.mpiexec import MpiexecBackend
 job = pickle.load(open(sys.argv[1], "rb"))
 print("started", flush=True)
@@ -277,7 +277,7 @@ def test_a_failing_rank_stops_every_host_and_is_the_root_cause(
 HOSTS_DRIVER = """
 import json, sys
 from pathlib import Path
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.mpiexec import MpiexecBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_mpiexec import plan_on, remote_job, staged

@@ -29,8 +29,8 @@ import pytest
 from poprun_py.agent.client import AgentPool, stage_job
 from poprun_py.agent.rsh_shim import agent_command, mpirun_args
 from poprun_py.backends.mpirun import MpirunBackend
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.core.topology import NumaNode, Topology
 from poprun_py.prepare.discover import discover_local
@@ -257,7 +257,7 @@ def test_a_failing_rank_is_the_root_cause_and_nothing_is_left_on_any_host(
 DRIVER = """
 import json, sys
 from pathlib import Path
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_mpirun_hosts import mpirun_job, plan_on, staged

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends.mpirun import MPIRUN_MISSING, FailureReport, MpirunBackend, TagDemux
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.core.plan import LaunchPlan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.errors import BackendError
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from tests.integration.helpers import (
@@ -91,7 +91,7 @@ def test_training_example_under_mpi_uses_allreduce(tmp_path: Path) -> None:
 
 DRIVER = """
 import json, pickle, sys
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.mpirun import MpirunBackend
 job = pickle.load(open(sys.argv[1], "rb"))
 result = MpirunBackend().run(job, RunOptions(grace_period=3.0))

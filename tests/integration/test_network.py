@@ -137,7 +137,7 @@ def test_network_sets_each_hosts_interface_and_the_sockets_use_it(
 
 def test_mpi_commands_follow_the_network(cluster: TestCluster, tmp_path: Path) -> None:
     from poprun_py.backends import get_backend
-    from poprun_py.backends.result import RunSettings
+    from poprun_py.core.result import RunSettings
     from poprun_py.launch.launcher import render
     from poprun_py.prepare.job import LaunchOptions, prepare
 

@@ -13,7 +13,7 @@ from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
 from poprun_py.core.spec import HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.errors import PreflightError
-from poprun_py.launch.preflight import Checks, format_faults, preflight
+from poprun_py.preflight.probes import Checks, format_faults, preflight
 from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.pool import ConnectionPool

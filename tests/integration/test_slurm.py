@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends import slurm_alloc as slurm
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.slurm import SlurmBackend
 from poprun_py.core.hosts import parse_hosts, slurm_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
 from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import host_pids
@@ -52,7 +52,7 @@ DRIVER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from poprun_py.backends import slurm_alloc as slurm
-    from poprun_py.backends.result import RunOptions
+    from poprun_py.core.result import RunOptions
     from poprun_py.backends.slurm import SlurmBackend
     from poprun_py.core.hosts import parse_hosts
     from poprun_py.core.plan import make_plan

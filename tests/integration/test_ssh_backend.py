@@ -25,9 +25,9 @@ import pytest
 
 from poprun_py.agent import host as remote_agent
 from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_modules
-from poprun_py.backends.result import LaunchResult, RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.core.topology import format_cpulist
 from poprun_py.prepare.discover import discover_local
@@ -586,7 +586,7 @@ def _with_shards(job: render.RenderedJob) -> render.RenderedJob:
 def test_preflight_and_the_job_share_one_agent_session_per_host(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
-    from poprun_py.launch.preflight import preflight
+    from poprun_py.preflight.probes import preflight
 
     plan = plan_on(test_cluster_4, ["sh", "-c", "echo $PPID"])
     with ConnectionPool([h.spec for h in plan.hosts], settings_for(test_cluster_4)) as pool:
@@ -714,7 +714,7 @@ def test_program_missing_on_a_host_is_the_root_cause(
 DRIVER = """
 import json, sys
 from pathlib import Path
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.providers.netns import load_cluster
 from tests.integration.test_ssh_backend import make_job, plan_on, settings_for

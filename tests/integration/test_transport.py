@@ -16,7 +16,7 @@ import pytest
 
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import PreflightError
-from poprun_py.launch.preflight import preflight
+from poprun_py.preflight.probes import preflight
 from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.errors import RemoteTimeout
 from poprun_py.ssh.pool import ConnectionPool

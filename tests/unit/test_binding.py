@@ -21,7 +21,7 @@ from poprun_py.core.plan import binds, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import PreflightError
-from poprun_py.launch.preflight import HostReport, PreflightReport, check_numactl
+from poprun_py.preflight.probes import HostReport, PreflightReport, check_numactl
 from poprun_py.process import binding
 from poprun_py.process.binding import (
     MPOL_BIND,

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from poprun_py.core.topology import NumaNode, Topology, parse_sysfs_nodes, uniform, within
-from poprun_py.launch.preflight import Checks, checks_argv, parse_check_output
+from poprun_py.preflight.probes import Checks, checks_argv, parse_check_output
 from poprun_py.prepare.discover import discover_local, discover_machine, read_sysfs
 from tests.unit.in_child import in_child
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from poprun_py.agent import host as agent_host
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.errors import BackendError
 from poprun_py.jobs import hostops, registry
 from poprun_py.process.output import LineFeed, Output

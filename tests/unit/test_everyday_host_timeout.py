@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent.client import LIVENESS, AgentLink, pausing
-from poprun_py.backends.result import HOST_TIMEOUT
+from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import SpecError, UsageError
 from poprun_py.jobs.detach import DetachOptions, supervisor_record
 from poprun_py.jobs.record import JobRecord, from_json, to_json

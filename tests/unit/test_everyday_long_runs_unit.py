@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from poprun_py.backends.result import InstanceResult, RunSettings
+from poprun_py.core.result import InstanceResult, RunSettings
 from poprun_py.launch.clocks import Clocks
 from poprun_py.launch.launcher import launch
 from poprun_py.launch.restarts import ANNOUNCE
@@ -131,7 +131,7 @@ def test_a_failure_between_the_clocks_check_and_their_stop_stays_the_root_cause(
     control = FailsMeanwhile()
     clocks = Clocks(control, Progress([0, 1]), {0: "h1", 1: "h2"}, timeout=5.0)
     try:
-        from poprun_py.backends.result import JobCause
+        from poprun_py.core.result import JobCause
 
         clocks._fire(JobCause("timed out after 5 s", 124))
     finally:

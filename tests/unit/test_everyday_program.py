@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.cli import run
-from poprun_py.launch.preflight import check_here, checks_for_plan
+from poprun_py.preflight.probes import check_here, checks_for_plan
 from poprun_py.prepare.job import LaunchOptions, prepare
 
 REPO = Path(__file__).resolve().parents[2]

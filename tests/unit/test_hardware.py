@@ -16,7 +16,7 @@ from poprun_py.core.plan import LaunchPlan, make_plan, network_choice, replan_wi
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology, uniform
 from poprun_py.core.views import hardware_lines, plan_dict
-from poprun_py.launch.preflight import HARDWARE_MARK, Checks, parse_check_output
+from poprun_py.preflight.probes import HARDWARE_MARK, Checks, parse_check_output
 from poprun_py.prepare.discover import discover_hardware, discover_machine
 from poprun_py.prepare.job import LaunchOptions, prepare
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.backends.result import InstanceResult, LaunchResult, RunSettings
+from poprun_py.core.result import InstanceResult, LaunchResult, RunSettings
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, Fault, PreflightError
 from poprun_py.launch.launcher import launch
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.backends.result import LaunchResult, RunOptions, RunSettings
+from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_TIMEOUT, UsageError
 from poprun_py.launch.launcher import launch
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
@@ -278,7 +278,7 @@ def test_the_instance_side_markers_are_the_ones_poprun_py_swallows() -> None:
 
 
 def test_output_swallows_markers_and_counts_every_line_as_progress(tmp_path: Path) -> None:
-    from poprun_py.backends.result import RunOptions
+    from poprun_py.core.result import RunOptions
     from poprun_py.process.output import Output
     from poprun_py.process.progress import HEARTBEAT, Progress
 

@@ -22,7 +22,7 @@ from poprun_py.agent.client import AgentLink, Timing
 from poprun_py.agent.relay import RankDumps, Relay, RshRelay, _Session
 from poprun_py.backends.external import LauncherRun
 from poprun_py.backends.mpiexec import in_reach, to_ranks
-from poprun_py.backends.result import RunOptions
+from poprun_py.core.result import RunOptions
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Supervision

@@ -19,9 +19,9 @@ from poprun_py.backends.mpiexec import (
     MpiexecBackend,
     mpiexec_args,
 )
-from poprun_py.backends.result import RunOptions
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
+from poprun_py.core.result import RunOptions
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.errors import EXIT_PREFLIGHT, PreflightError
 from poprun_py.process.output import LAUNCHER_INDEX, Output

@@ -22,7 +22,7 @@ from poprun_py.testing.fakes import FakeBackend, FakeProvider, FakeRunning, Scri
 from tests.unit.in_child import in_child
 
 if TYPE_CHECKING:
-    from poprun_py.backends.result import RunOptions
+    from poprun_py.core.result import RunOptions
     from poprun_py.process.signals import Control
     from poprun_py.providers.base import ProvisionContext
     from poprun_py.render.job import RenderedJob

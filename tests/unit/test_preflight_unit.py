@@ -13,7 +13,7 @@ from typing import TypeVar
 import pytest
 
 from poprun_py.core.spec import HostSpec
-from poprun_py.launch import preflight as pf
+from poprun_py.preflight import probes as pf
 from poprun_py.ssh.connection import RemoteResult
 from poprun_py.ssh.settings import SshSettings
 
@@ -51,7 +51,7 @@ def test_slow_name_and_missing_topology_are_logged_one_line_each(
     times = {"slow": (1.5, None), "fast": (0.01, None)}
     monkeypatch.setattr(pf, "resolve_time", lambda name: times[name])
     pool = Pool({"slow": SYSFS, "fast": "topology none\n"})
-    with caplog.at_level(logging.WARNING, logger="poprun_py.launch.preflight"):
+    with caplog.at_level(logging.WARNING, logger="poprun_py.preflight.probes"):
         report = pf.preflight(pool)
     assert report.faults == ()
     logged = [r.getMessage() for r in caplog.records]
@@ -65,7 +65,7 @@ def test_no_warnings_no_records(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(pf, "resolve_time", lambda name: (0.01, None))
-    with caplog.at_level(logging.WARNING, logger="poprun_py.launch.preflight"):
+    with caplog.at_level(logging.WARNING, logger="poprun_py.preflight.probes"):
         pf.preflight(Pool({"h1": SYSFS}))
     assert caplog.records == []
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from poprun_py.backends import slurm_alloc as slurm
-from poprun_py.backends.result import RunOptions
 from poprun_py.backends.slurm import (
     BIND_HINT,
     LabelDemux,
@@ -24,6 +23,7 @@ from poprun_py.backends.slurm import (
 )
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
+from poprun_py.core.result import RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.core.topology import Topology, uniform

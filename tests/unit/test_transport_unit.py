@@ -21,7 +21,7 @@ from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import make_plan
 from poprun_py.core.spec import HostSpec, JobSpec, cluster_from_hosts
 from poprun_py.errors import UsageError
-from poprun_py.launch.preflight import (
+from poprun_py.preflight.probes import (
     CHECK_SCRIPT,
     Checks,
     checks_argv,

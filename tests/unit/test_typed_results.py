@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from poprun_py.agent.client import AgentPool, stage_job
-from poprun_py.backends.result import InstanceResult, InstanceState, LaunchResult
+from poprun_py.core.result import InstanceResult, InstanceState, LaunchResult
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import EXIT_INTERRUPTED, Fault, PreflightError
 from poprun_py.jobs.record import (

@@ -1,10 +1,10 @@
 """The one list of backends: each one's name, its class, and its :class:`Capabilities`, what
 the rest of poprun-py may ask of a backend instead of its name.
 
-A leaf (it imports nothing of poprun-py), so that prepare, render, jobs and cli read it
-without importing a backend, and without a circle. :mod:`poprun_py.backends` creates backends
-from it; ``tests/unit/test_backend_capabilities.py`` fails when a module outside ``backends/``
-compares a backend's name.
+Part of the core (it imports nothing of poprun-py but its errors), so that prepare, render,
+jobs and cli read it without importing a backend, and without a circle.
+:mod:`poprun_py.backends` creates backends from it; ``tests/unit/test_backend_capabilities.py``
+fails when a module outside ``backends/`` compares a backend's name.
 
 Example:
 
@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from poprun_py.errors import UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,10 @@ def capabilities(name: str | None) -> Capabilities:
     unchecked, or a fake's)."""
     entry = REGISTRY.get(name or "")
     return entry.capabilities if entry is not None else Capabilities()
+
+
+def check_backend(name: str) -> str:
+    """Return ``name`` if it is a known backend; raise UnknownNameError listing the valid ones."""
+    if name not in REGISTRY:
+        raise UnknownNameError("backend", name, list(REGISTRY))
+    return name

@@ -20,12 +20,9 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_OK
-
-if TYPE_CHECKING:
-    from poprun_py.process.progress import Progress
 
 
 class InstanceState(enum.StrEnum):
@@ -138,6 +135,14 @@ HOST_TIMEOUT = 180.0
 host is lost, and after which its agent takes poprun-py to be gone (README: "Hosts that stop
 answering"). A dead host is usually noticed at once anyway: its connection ends."""
 
+
+class Watch(Protocol):
+    """What output tells of progress (:class:`poprun_py.process.progress.Progress`)."""
+
+    def seen(self, index: int, line: str | bytes, now: float | None = None) -> bool:
+        """Note instance ``index``'s output line; True for a marker that is not shown."""
+
+
 OutputSink = Callable[[int, str, str], None]
 """Called with (instance index, stream name ``stdout``/``stderr``, one line without newline)."""
 
@@ -154,7 +159,7 @@ class RunOptions:
     host_timeout: float = HOST_TIMEOUT  # silence after which a host (or poprun-py) is gone
     extra: dict[str, str] = field(default_factory=dict)
     attempt: int = 0  # the restart count: logs of a later attempt are appended to
-    progress: Progress | None = None  # told of every instance's output (hang detection)
+    progress: Watch | None = None  # told of every instance's output (hang detection)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ the same checks of the working directory and the program from :func:`check_here`
 
 Warnings (a slow or unresolvable host name, a topology that could not be discovered) are in
 :attr:`PreflightReport.warnings` and are also logged, one record each, to the
-``poprun_py.launch.preflight`` logger as soon as preflight ends, before anything starts: the CLI
+``poprun_py.preflight.probes`` logger as soon as preflight ends, before anything starts: the CLI
 prints them on stderr as ``poprun-py: warning: ...``.
 
 Example::
