@@ -6,7 +6,8 @@
   (rendered by poprun-py, hostfile written, run with the same environment), Open MPI starting its
   daemons with its own ssh. Target: at most 1.1x. poprun-py's launch opens one connection per
   host and one agent session on it, which runs preflight, writes the job's files and then starts
-  Open MPI's daemon (``orted``) for mpirun's remote-shell agent (``poprun_py/agent/rsh_shim.py``):
+  Open MPI's daemon (``orted``) for mpirun's remote-shell agent
+(``poprun_py/hostside/rsh_shim.py``):
   one login session per host, as by hand, where mpirun's ssh opens one per host.
 
 The commands are interleaved round by round, so they see the same machine load. Then a

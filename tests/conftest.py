@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.process.identity import identify, read_stat, signal_same
+from poprun_py.hostside.identity import identify, read_stat, signal_same
 from tests import requirements
 
 pytest.register_assert_rewrite("tests.integration.helpers")

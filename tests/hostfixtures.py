@@ -51,7 +51,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.process.identity import identify
+from poprun_py.hostside.identity import identify
 from poprun_py.providers.netns import (
     DEFAULT_STATE_ROOT,
     TestCluster,

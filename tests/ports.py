@@ -6,7 +6,7 @@ outgoing connection's local port. :func:`held_port` closes that window: the test
 port bound, with ``SO_REUSEADDR`` and never listening, while the block runs. The kernel then
 hands it to no one (not to a bind to port 0, not to a connection, not to a bind without
 ``SO_REUSEADDR``), while the program, which binds it with ``SO_REUSEADDR`` -- as rank 0's
-listeners here do (examples/allreduce.py, poprun_py/check_instance.py) and slurmctld --
+listeners here do (examples/allreduce.py, poprun_py/hostside/check_instance.py) and slurmctld --
 still can, and listens on it. Until the program listens, a connection to the port is refused.
 (A program that bound without ``SO_REUSEADDR`` would fail at once with "Address already in use",
 every time: never a silent pass.)

@@ -1,5 +1,5 @@
-"""poprun-py's end of the per-host agent (:mod:`poprun_py.agent.host`): start it over a host's
-connection, talk to it in the protocol of :mod:`poprun_py.agent.protocol`, stage files through
+"""poprun-py's end of the per-host agent (:mod:`poprun_py.hostside.agent`): start it over a host's
+connection, talk to it in the protocol of :mod:`poprun_py.hostside.protocol`, stage files through
 it.
 
 :class:`AgentPool` starts one agent per host on first use and answers ``map``/``run`` like a
@@ -20,7 +20,7 @@ Example::
 Run as a doctest (tests/unit/test_docstrings.py)::
 
     >>> from pathlib import Path
-    >>> from poprun_py.agent import host
+    >>> from poprun_py.hostside import agent as host
     >>> source = inline_modules(Path(host.__file__).read_bytes())  # what travels to a host
     >>> b"from poprun_py" in source, b"def bound(" in source
     (False, True)
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poprun_py.agent import host as remote_agent
-from poprun_py.agent import protocol as P
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.hostside import agent as remote_agent
+from poprun_py.hostside import protocol as P
 
 if TYPE_CHECKING:
     import paramiko
@@ -188,11 +188,11 @@ def _payload() -> tuple[list[str], bytes]:
 
 
 INLINED = (
-    (b"from poprun_py.agent.protocol import", "poprun_py.agent.protocol"),
-    (b"from poprun_py.process.binding import", "poprun_py.process.binding"),
-    (b"from poprun_py.process.stackdump import", "poprun_py.process.stackdump"),
-    (b"from poprun_py.process.identity import", "poprun_py.process.identity"),
-    (b"from poprun_py.process.private import", "poprun_py.process.private"),
+    (b"from poprun_py.hostside.protocol import", "poprun_py.hostside.protocol"),
+    (b"from poprun_py.hostside.binding import", "poprun_py.hostside.binding"),
+    (b"from poprun_py.hostside.stackdump import", "poprun_py.hostside.stackdump"),
+    (b"from poprun_py.hostside.identity import", "poprun_py.hostside.identity"),
+    (b"from poprun_py.hostside.private import", "poprun_py.hostside.private"),
 )
 """The agent's imports of poprun-py modules, each replaced by that module's code when it ships
 (the host has no poprun_py): one source of truth for the protocol, the binding syscalls and
@@ -209,7 +209,7 @@ def inline_modules(agent: bytes) -> bytes:
         body = body.replace(b"from __future__ import annotations\n", b"")
         head, found, tail = agent.partition(start)
         if not found:
-            raise RuntimeError(f"poprun_py/agent/host.py no longer imports {name}")
+            raise RuntimeError(f"poprun_py/hostside/agent.py no longer imports {name}")
         agent = head + body + _after_import(tail)
     return agent
 

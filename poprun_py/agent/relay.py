@@ -1,8 +1,8 @@
-"""The poprun-py end of :mod:`poprun_py.agent.rsh_shim`: Open MPI's daemons start through the
+"""The poprun-py end of :mod:`poprun_py.hostside.rsh_shim`: Open MPI's daemons start through the
 agents.
 
 A remote mpirun launch renders ``--mca plm_rsh_agent "<python> -S -I rsh_shim.py"``
-(see :func:`poprun_py.agent.rsh_shim.mpirun_args`). :class:`RshRelay` listens on a Unix socket
+(see :func:`poprun_py.hostside.rsh_shim.mpirun_args`). :class:`RshRelay` listens on a Unix socket
 (mode 0600, in a private temporary directory) that mpirun's environment names to the shim as
 ``POPRUN_RSH_SOCKET`` -- never an argv, so ``--dry-run`` prints exactly what runs. Each shim
 connection asks to run one command on one host: the relay maps the name Open MPI uses (the
@@ -57,7 +57,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.agent import protocol as P
 from poprun_py.agent.client import (
     HEARTBEAT,
     KILL_WAIT,
@@ -68,7 +67,8 @@ from poprun_py.agent.client import (
     agent_header,
     pausing,
 )
-from poprun_py.agent.rsh_shim import SOCKET_VAR, uses_relay
+from poprun_py.hostside import protocol as P
+from poprun_py.hostside.rsh_shim import SOCKET_VAR, uses_relay
 
 if TYPE_CHECKING:
     from poprun_py.agent.client import AgentConnection, AgentPool
@@ -331,7 +331,7 @@ class _Session:
                 self.relay.dump_answered(self)  # a dump it would not answer any more
 
     def request(self) -> tuple[str, str]:
-        """The shim's request (:func:`poprun_py.agent.rsh_shim.request`): host and command."""
+        """The shim's request (:func:`poprun_py.hostside.rsh_shim.request`): host and command."""
         self.sock.settimeout(REQUEST_TIMEOUT)
         data = b""
         while data.count(b"\0") < 2:
@@ -372,7 +372,7 @@ class _Session:
             link.send(P.TERM_LINE)
 
     def record(self, link: AgentLink, record: bytes) -> None:
-        """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
+        """Act on one agent record (see :mod:`poprun_py.hostside.agent`)."""
         kind, index, text = P.parse(record)
         if kind == P.DONE:
             link.done = True

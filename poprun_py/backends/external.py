@@ -21,8 +21,8 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError
+from poprun_py.hostside.stackdump import dump_in_background, dump_ranks
 from poprun_py.process.output import LAUNCHER_INDEX, Output, write_job_files
-from poprun_py.process.stackdump import dump_in_background, dump_ranks
 from poprun_py.process.supervise import Child, FeedFactory, Supervised, Supervision
 
 log = logging.getLogger("poprun_py.backends")

@@ -3,7 +3,7 @@
 Each rendered :class:`~poprun_py.render.job.InstanceCommand` is started as it is, with
 ``os.environ`` plus the instance environment, bound to its CPUs and NUMA nodes when the plan
 binds it (:attr:`InstanceCommand.binding`: the spawner sets the CPU affinity and memory policy
-itself, :mod:`poprun_py.process.binding`; numactl is not needed), and supervised by
+itself, :mod:`poprun_py.hostside.binding`; numactl is not needed), and supervised by
 :mod:`poprun_py.process.supervise`. A command a user's template starts with ``numactl`` needs
 numactl: if it is missing, that is a preflight fault (exit 3) and nothing starts.
 

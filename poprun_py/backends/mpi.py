@@ -60,11 +60,11 @@ def here_on(network: str) -> bool:
 
 def mpirun_args_for(prep: Prepared) -> tuple[str, ...]:
     """The user's mpirun options, plus how Open MPI starts its daemons on remote hosts: through
-    poprun-py's agents (:func:`poprun_py.agent.rsh_shim.mpirun_args`) unless the user chose
+    poprun-py's agents (:func:`poprun_py.hostside.rsh_shim.mpirun_args`) unless the user chose
     otherwise; else with its own ssh, given ``plm_rsh_args -F <ssh_config>`` when the cluster
     names an ssh_config, so that it uses the same user, key and known_hosts."""
     if not prep.plan.cluster.all_local:
-        from poprun_py.agent.rsh_shim import mpirun_args
+        from poprun_py.hostside.rsh_shim import mpirun_args
 
         relay = mpirun_args(prep.mpi_args)
         if relay:

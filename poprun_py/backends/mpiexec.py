@@ -10,7 +10,7 @@ root cause, and poprun-py stops every host's proxy and ranks through their agent
 
 On remote hosts hydra starts its proxies (``hydra_pmi_proxy``) through poprun-py's per-host
 agents, as Open MPI's daemons do (:mod:`poprun_py.agent.relay`): ``-launcher ssh
--launcher-exec PATH`` (:func:`poprun_py.agent.rsh_shim.launcher_exec`: hydra takes one
+-launcher-exec PATH`` (:func:`poprun_py.hostside.rsh_shim.launcher_exec`: hydra takes one
 executable path), and ``-localhost ADDRESS``, this machine's address towards the hosts, where
 the proxies connect back (hydra's default, this machine's host name, may not resolve there).
 The user's own ``-launcher``/``-bootstrap``/``-localhost``/``-iface`` (or ``HYDRA_*``) win.
@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from poprun_py.agent.relay import Relay, relayed
-from poprun_py.agent.rsh_shim import exec_script_path, launcher_exec
 from poprun_py.backends.base import Defaults, Session, run_to_end
 from poprun_py.backends.external import LauncherRun, prepare_launcher, start_launcher
 from poprun_py.backends.mpi import source_address
@@ -56,8 +55,9 @@ from poprun_py.backends.session import (
 )
 from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.hostside.rsh_shim import exec_script_path, launcher_exec
+from poprun_py.hostside.stackdump import signal_ranks
 from poprun_py.process.output import LAUNCHER_INDEX, Output
-from poprun_py.process.stackdump import signal_ranks
 from poprun_py.process.supervise import Child, Feed, Supervision
 
 if TYPE_CHECKING:

@@ -215,8 +215,8 @@ class MpirunBackend(Defaults):
     """Runs ``job.launcher`` (an ``mpirun`` argv) and maps its outcome onto every rank.
 
     With ``agents`` (the hosts' agents of a remote launch) and a launcher that names
-    :mod:`poprun_py.agent.rsh_shim` as Open MPI's remote agent, the daemons start through the agents
-    (:mod:`poprun_py.agent.relay`); a host they lose is its ranks' root cause.
+    :mod:`poprun_py.hostside.rsh_shim` as Open MPI's remote agent, the daemons start through the
+    agents (:mod:`poprun_py.agent.relay`); a host they lose is its ranks' root cause.
     """
 
     name = "mpirun"

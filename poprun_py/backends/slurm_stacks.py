@@ -1,7 +1,7 @@
 """A hung srun step's stacks, for ``--hang-timeout``: srun's tasks run under slurmstepd on the
 nodes, out of this machine's process tree, so one more step of the same allocation goes to
 every node of the job (``srun --overlap --jobid=JOB``, one task a node) and runs
-:mod:`poprun_py.process.stackdump`'s source there with ``python3 -S`` (standard library only).
+:mod:`poprun_py.hostside.stackdump`'s source there with ``python3 -S`` (standard library only).
 On each node it ``py-spy dump``s, in parallel and bounded, every Python process whose
 environment has the job's ``SLURM_JOB_ID`` and the step's ``SLURM_STEP_ID`` (found with
 ``squeue --steps`` by the step's name), and writes ``s RANK LINE`` / ``w RANK py-spy|none``
@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from poprun_py.agent import protocol as P
 from poprun_py.agent.relay import RankDumps, Relay
 from poprun_py.backends.slurm_alloc import CLIENT_TIMEOUT, client, named_ids
 from poprun_py.errors import BackendError
-from poprun_py.process import stackdump
+from poprun_py.hostside import protocol as P
+from poprun_py.hostside import stackdump
 
 log = logging.getLogger(__name__)
 

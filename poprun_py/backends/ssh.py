@@ -1,6 +1,6 @@
 """The ssh backend: every host's instances run under one agent started over that host's connection.
 
-Per host, one channel on the host's existing connection runs :mod:`poprun_py.agent.host`
+Per host, one channel on the host's existing connection runs :mod:`poprun_py.hostside.agent`
 (its source travels over stdin, so nothing is installed remotely). :class:`AgentPool` starts the
 agents and can first run preflight's commands through them (it answers ``map``/``run`` like a
 :class:`~poprun_py.ssh.pool.ConnectionPool`), so a whole launch -- preflight, staging, start --
@@ -60,7 +60,6 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.agent import protocol as P
 from poprun_py.agent.client import (
     HEARTBEAT,
     KILL_WAIT,
@@ -81,6 +80,7 @@ from poprun_py.core.result import (
     RunOptions,
     RunSettings,
 )
+from poprun_py.hostside import protocol as P
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
 
@@ -309,7 +309,7 @@ class SshRun:
             self.lose(link, link.why_lost())
 
     def record(self, link: AgentLink, record: bytes) -> None:
-        """Act on one agent record (see :mod:`poprun_py.agent.host`)."""
+        """Act on one agent record (see :mod:`poprun_py.hostside.agent`)."""
         kind, index, text = P.parse(record)
         if kind == P.DONE:
             self.forget(link)

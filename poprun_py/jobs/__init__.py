@@ -3,7 +3,7 @@ machine for the local backend), which runs it with every rule of an attached lau
 records it; ``jobs``, ``logs``, ``stop`` and ``wait`` find it again from any process.
 
 - :mod:`~poprun_py.jobs.record`: the job record and its state machine (pure);
-- :mod:`~poprun_py.jobs.hostops`: what runs on the supervisor's host to list, follow, stop
+- :mod:`~poprun_py.hostside.hostops`: what runs on the supervisor's host to list, follow, stop
   and wait for jobs (standard library only: shipped to the host as source);
 - :mod:`~poprun_py.jobs.place`: where a job's supervisor lives, and how to reach it;
 - :mod:`~poprun_py.jobs.registry`: this machine's list of the jobs it launched;

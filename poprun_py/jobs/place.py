@@ -1,6 +1,6 @@
 """Where a detached job's supervisor lives, and the one way to talk to it: a :class:`JobHost`.
 
-:class:`LocalJobHost` is this machine: :mod:`~poprun_py.jobs.hostops`'s functions are called
+:class:`LocalJobHost` is this machine: :mod:`~poprun_py.hostside.hostops`'s functions are called
 in-process and the supervisor is this same interpreter, started in a session of its own.
 :class:`RemoteJobHost` is one SSH connection: each operation runs ``hostops``'s source with the
 host's ``python3 -S`` on a channel of its own (as the agent is started: nothing to install for
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from poprun_py.errors import BackendError, PoprunError, PreflightError
-from poprun_py.jobs import hostops
+from poprun_py.hostside import hostops
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
@@ -66,7 +66,7 @@ class JobHost(Protocol):
     name: str
 
     def call(self, op: str, *args: str) -> Any:
-        """A :mod:`~poprun_py.jobs.hostops` operation's JSON answer (None: no such job)."""
+        """A :mod:`~poprun_py.hostside.hostops` operation's JSON answer (None: no such job)."""
         ...
 
     def follow(self, job_id: str, name: str, keep: bool, write: Write) -> bool:
@@ -159,7 +159,7 @@ class RemoteJobHost:
 def local_root() -> str:
     """This machine's root of detached jobs, checked (PreflightError, exit 3, when another
     user could tamper with it)."""
-    from poprun_py.process.private import UnsafePath
+    from poprun_py.hostside.private import UnsafePath
 
     try:
         return hostops.checked_root(hostops.jobs_root())
@@ -177,7 +177,7 @@ def _hostops_argv() -> list[str]:
     return ["sh", "-c", HOSTOPS_START, hostops_source()]
 
 
-HOSTOPS_INLINED = ("poprun_py.process.private",)
+HOSTOPS_INLINED = ("poprun_py.hostside.private",)
 """The modules ``hostops`` imports, inlined when it ships (the host has no poprun_py)."""
 
 
@@ -194,7 +194,7 @@ def hostops_source() -> str:
         body = body.replace("from __future__ import annotations\n", "")
         head, found, tail = source.partition(f"from {name} import (")
         if not found:
-            raise RuntimeError(f"poprun_py/jobs/hostops.py no longer imports {name}")
+            raise RuntimeError(f"poprun_py/hostside/hostops.py no longer imports {name}")
         source = head + body + tail.partition(")\n")[2]
     return source
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poprun_py.process import private
+from poprun_py.hostside import private
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _entry(data: dict[str, Any]) -> Entry:
 
 def write_private(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically, mode 0600 (a reader sees old or new; two
-    writers never collide): :func:`poprun_py.process.private.write_private`."""
+    writers never collide): :func:`poprun_py.hostside.private.write_private`."""
     private.write_private(str(path), text)
 
 

@@ -2,7 +2,7 @@
 
 ``python -m poprun_py supervise ID`` reads the job's record (:mod:`~poprun_py.jobs.record`)
 on stdin, makes the job's directory (``hostops.jobs_root()/ID``, mode 0700, under a job root
-checked to be this user's: :mod:`poprun_py.process.private`) and forks. The
+checked to be this user's: :mod:`poprun_py.hostside.private`) and forks. The
 child starts a session of its own (no terminal, no SIGHUP from the client's end), points its
 stdin at /dev/null and its stdout and stderr at ``output.log`` -- so that file holds exactly
 what an attached launch prints, tagged the same way -- and runs the job with every rule of an
@@ -33,11 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poprun_py.jobs import hostops
+from poprun_py.hostside import hostops, private
 from poprun_py.jobs.place import READY
 from poprun_py.jobs.record import JobRecord, check_job_id, ended, from_json, running, to_json
 from poprun_py.jobs.registry import write_private
-from poprun_py.process import private
 
 if TYPE_CHECKING:
     from poprun_py.prepare.job import LaunchOptions

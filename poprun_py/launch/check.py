@@ -1,6 +1,6 @@
 """``poprun-py check``: the planned instances, with their binding and environment, run a short
-real check (:mod:`poprun_py.check_instance`) through the launch's own backend; their reports
-become one line per host and a fault for every host that is broken or slow (exit 3).
+real check (:mod:`poprun_py.hostside.check_instance`) through the launch's own backend; their
+reports become one line per host and a fault for every host that is broken or slow (exit 3).
 
 A host is broken when one of its instances could not reach ``MASTER_ADDR:MASTER_PORT``, did not
 complete the all-reduce, does not see its planned devices, or gave no report. It is slow when its
@@ -42,8 +42,8 @@ CHECK_MAIN = (
     "import os;g={'__name__':'poprun_check'};"
     f"exec(compile(os.environ.pop('{CHECK_VAR}'),'poprun-check','exec'),g);g['program']()"
 )
-"""What the check program runs: :mod:`poprun_py.check_instance`'s source, which ships in each
-instance's environment as :data:`CHECK_VAR` (passed by name, as a secret is: never in an argv
+"""What the check program runs: :mod:`poprun_py.hostside.check_instance`'s source, which ships in
+each instance's environment as :data:`CHECK_VAR` (passed by name, as a secret is: never in an argv
 or a printed command), so a host needs a Python and nothing of poprun-py, and runs the
 launcher's own version of the check. ``-c``, not ``-m``: runpy's imports cost each instance
 ~5 ms."""
@@ -87,7 +87,7 @@ class CheckReport:
 def check_argv(prep: Prepared, timeout: float, torch: bool = False) -> tuple[str, ...]:
     """The check program: the spec's ``defaults.python``, else this interpreter (the same path on
     every host, as for Slurm's batch step; preflight says where it is missing), running
-    :mod:`poprun_py.check_instance`."""
+    :mod:`poprun_py.hostside.check_instance`."""
     python = prep.plan.cluster.defaults.python or sys.executable
     argv = (python, "-c", CHECK_MAIN, "--timeout", f"{timeout:g}")
     return (*argv, "--torch", "1") if torch else argv
@@ -104,8 +104,8 @@ def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = F
 
 @functools.cache
 def check_source() -> str:
-    """The source of :mod:`poprun_py.check_instance`, which the check program runs."""
-    from poprun_py import check_instance
+    """The source of :mod:`poprun_py.hostside.check_instance`, which the check program runs."""
+    from poprun_py.hostside import check_instance
 
     return Path(check_instance.__file__).read_text(encoding="utf-8")
 

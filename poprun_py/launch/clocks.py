@@ -12,7 +12,7 @@ each running instance with ``py-spy dump`` where py-spy is on the PATH of the ho
 faulthandler (any program importing ``poprun_py.dist``), so the stacks land in each instance's
 log and on the terminal. The clock waits for the runner's answer (at most
 :data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
-:data:`~poprun_py.process.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
+:data:`~poprun_py.hostside.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
 SIGUSR1 was sent, then stops the job with a job-level cause
 (:class:`~poprun_py.core.result.JobCause`, exit 124) -- unless something else stopped it
 first (an instance failed meanwhile: its failure stays the root cause). An instance that ended,

@@ -35,8 +35,8 @@ from poprun_py.core.backends import capabilities
 from poprun_py.core.plan import LaunchPlan
 from poprun_py.core.result import LaunchResult, RunOptions, RunSettings
 from poprun_py.core.topology import Topology
+from poprun_py.hostside import private
 from poprun_py.prepare.job import Prepared
-from poprun_py.process import private
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control, Policy, fail_fast, handling_signals
 from poprun_py.render.job import RenderedJob
@@ -55,7 +55,7 @@ __all__ = [
 
 JOBS_ROOT = f"{private.job_root()}/jobs"
 """Where job directories go without ``--output-dir``: this user's job root, keyed on the uid
-and checked before use (:mod:`poprun_py.process.private`), the same path on every host."""
+and checked before use (:mod:`poprun_py.hostside.private`), the same path on every host."""
 
 
 def job_dir_for(plan: LaunchPlan, output_dir: str | None, backend: str = "") -> str:

@@ -3,7 +3,7 @@ the ``[host:index]`` sink, line splitting, and the private shard and job files.
 
 Every line reaches its log (mode 0600) as it arrives, unbuffered: a log is complete up to the
 last line even when the launcher is killed. Job files go through
-:mod:`poprun_py.process.private` (the job root's owner is checked, nothing follows a symlink).
+:mod:`poprun_py.hostside.private` (the job root's owner is checked, nothing follows a symlink).
 
 Example:
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from poprun_py.core.result import OutputSink, RunOptions
 from poprun_py.errors import Fault, PreflightError, UsageError
-from poprun_py.process import private
+from poprun_py.hostside import private
 from poprun_py.process.progress import MARKERS
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def write_job_files(job: RenderedJob) -> None:
     """Write the shard files and ``job.files`` under ``job.job_dir`` (mode 0600, dirs 0700).
 
     PreflightError (exit 3, nothing started) when another user could tamper with the job
-    directory (e.g. owns the job root, see :mod:`poprun_py.process.private`); UsageError
+    directory (e.g. owns the job root, see :mod:`poprun_py.hostside.private`); UsageError
     (exit 2) when it cannot be written."""
     root = job.job_dir
     made: set[str] = set()

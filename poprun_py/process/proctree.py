@@ -4,14 +4,14 @@
   session of its own when there is a terminal to keep it from), stdin closed, stdout/stderr
   piped: with ``posix_spawn`` (no Python runs between fork and exec, and the
   environment is encoded in C), or ``Popen`` when a working directory is needed; bound to
-  CPUs and NUMA nodes when asked, without numactl (:mod:`poprun_py.process.binding`: the
+  CPUs and NUMA nodes when asked, without numactl (:mod:`poprun_py.hostside.binding`: the
   spawning thread binds itself around the spawn, and the child inherits the binding).
 - :func:`subreaper` makes this process a child subreaper, so orphans of its descendants are
   re-parented to it rather than to init; :func:`no_children` then proves, with one syscall,
   that nothing is left.
 - :func:`descendants` walks ``/proc`` for everything that belongs to a set of started processes
   -- those still running, and those reaped, whose process groups and sessions count only while
-  they are still the ones they led (:func:`~poprun_py.process.identity.ours`: a pid, once
+  they are still the ones they led (:func:`~poprun_py.hostside.identity.ours`: a pid, once
   reaped, may be anyone's); :func:`alive`, :func:`reap_adopted` finish the job.
 
 Example:
@@ -37,8 +37,8 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from poprun_py.process.binding import bound
-from poprun_py.process.identity import (
+from poprun_py.hostside.binding import bound
+from poprun_py.hostside.identity import (
     boot_ticks,
     has_token,
     owned,
@@ -234,7 +234,7 @@ def _inheritable_fds() -> list[int]:
 
 def signal_found(found: Mapping[int, ProcStat], sig: int) -> None:
     """``sig`` to each process found, only if its pid still names it (the same start time:
-    :func:`~poprun_py.process.identity.signal_same`)."""
+    :func:`~poprun_py.hostside.identity.signal_same`)."""
     for pid, stat in found.items():
         signal_same((pid, stat[3]), sig)
 
@@ -281,7 +281,7 @@ def descendants(
     ``roots`` are running (not yet reaped) children; ``reaped`` maps the pid of each root
     already reaped to the clock tick of its reaping. A process belongs when it is in a root's
     session or process group -- a reaped root's only while that group is still the one it led
-    (:func:`~poprun_py.process.identity.ours`); a reaped pid itself is never a root again --,
+    (:func:`~poprun_py.hostside.identity.ours`); a reaped pid itself is never a root again --,
     descends from a root, was adopted by this process (subreaper) or has ``token``
     (``NAME=value``) in its environment; and then every descendant of those. Zombies are
     included (they may need reaping). ``table`` is the process table to look in (default: now).

@@ -25,7 +25,7 @@ what they left -- processes in their sessions or groups, their descendants, orph
 anything carrying this run's ``POPRUN_RUN_ID`` -- then TERM, grace, KILL, and reaps the
 adopted ones. A child that called ``setsid`` or double-forked is stopped too; no zombie stays.
 The sweep is skipped when the subreaper has no child left at all (the usual, fast case).
-No signal goes by a pid that may have been reused (:mod:`poprun_py.process.identity`): a child
+No signal goes by a pid that may have been reused (:mod:`poprun_py.hostside.identity`): a child
 gets one only until it is reaped, a leftover only while its pid still names the process found
 (the same start time), and a reaped child's group or session counts only while it is still the
 one it led; a reaped child whose group and session are empty is forgotten.
@@ -57,8 +57,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from poprun_py.hostside.identity import leads
+from poprun_py.hostside.stackdump import dump_in_background
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
-from poprun_py.process.identity import leads
 from poprun_py.process.output import LineFeed, Output
 from poprun_py.process.poller import Pipe, Poller
 from poprun_py.process.proctree import (
@@ -79,7 +80,6 @@ from poprun_py.process.proctree import (
     subreaper,
 )
 from poprun_py.process.signals import Control, DumpRequest, handling_signals
-from poprun_py.process.stackdump import dump_in_background
 
 __all__ = [
     "RUN_ID_VAR",

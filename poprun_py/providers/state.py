@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poprun_py.errors import ProvisionError, UsageError
-from poprun_py.process import private
+from poprun_py.hostside import private
 from poprun_py.providers.records import ProvisionRecord
 
 STATE_ENV = "POPRUN_PY_STATE_DIR"
@@ -59,7 +59,7 @@ def check_cluster_name(name: str) -> str:
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically with mode 0600, its directory made 0700
-    (:func:`poprun_py.process.private.write_private`)."""
+    (:func:`poprun_py.hostside.private.write_private`)."""
     private.write_private(private.private_dir(str(path.parent)) + "/" + path.name, text)
 
 

@@ -2,7 +2,7 @@
 
 The render step turns the plan's per-instance CPUs and NUMA nodes into a :class:`Binding`,
 kept only where it changes something on the machine that runs the instance (:class:`Binder`).
-The backends apply it themselves (:mod:`poprun_py.process.binding`); templates see it as
+The backends apply it themselves (:mod:`poprun_py.hostside.binding`); templates see it as
 ``inst.binding`` and ``inst.numactl``.
 
 Example:

@@ -191,7 +191,7 @@ def test_a_lost_registry_loses_no_job_and_secrets_stay_off_disk(
 def test_the_job_goes_on_while_the_client_is_cut_off_the_network(
     test_cluster_4: TestCluster, tmp_path: Path
 ) -> None:
-    from poprun_py.jobs.hostops import jobs_root
+    from poprun_py.hostside.hostops import jobs_root
 
     spec = spec_for(test_cluster_4, tmp_path)
     job = detached(spec, tmp_path, "sh", "-c", wait_go(tmp_path) + 'echo "done $RANK"')

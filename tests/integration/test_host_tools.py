@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent.host import MIN_PYTHON
+from poprun_py.hostside.agent import MIN_PYTHON
 from poprun_py.providers.netns import TestCluster, TestHost
 from tests.hostfixtures import MakeCluster
 from tests.integration.helpers import settled

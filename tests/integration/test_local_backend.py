@@ -16,7 +16,7 @@ from poprun_py.core.result import RunOptions
 from poprun_py.core.shard import InputFile, InputSet
 from poprun_py.core.topology import NumaNode, Topology, parse_sysfs_nodes
 from poprun_py.errors import PreflightError
-from poprun_py.process.binding import MPOL_DEFAULT, get_mempolicy
+from poprun_py.hostside.binding import MPOL_DEFAULT, get_mempolicy
 from tests.integration.helpers import (
     BINDING_PROBE,
     CPU1_TOPOLOGY,

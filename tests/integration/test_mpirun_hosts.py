@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent.client import AgentPool, stage_job
-from poprun_py.agent.rsh_shim import agent_command, mpirun_args
 from poprun_py.backends.mpirun import MpirunBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, HostSpec, JobSpec
 from poprun_py.core.topology import NumaNode, Topology
+from poprun_py.hostside.rsh_shim import agent_command, mpirun_args
 from poprun_py.prepare.discover import discover_local
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render.job import RenderedJob, render_job

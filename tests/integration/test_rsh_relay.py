@@ -1,5 +1,5 @@
 """The relay between the rsh shim and the hosts' agents, on this machine: the real shim script,
-the real relay, and real agents (``python -m poprun_py.agent.host``) behind a fake SSH channel
+the real relay, and real agents (``python -m poprun_py.hostside.agent``) behind a fake SSH channel
 -- the seam is the paramiko channel. No test hosts needed."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from poprun_py.agent import rsh_shim
 from poprun_py.agent.client import AgentConnection, Timing
 from poprun_py.agent.relay import RshRelay
+from poprun_py.hostside import rsh_shim
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Timing(grace=1.0, heartbeat=0.1, liveness=0.6, start_timeout=5.0)
@@ -30,7 +30,7 @@ class PipeChannel:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "poprun_py.agent.host"],
+            [sys.executable, "-m", "poprun_py.hostside.agent"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

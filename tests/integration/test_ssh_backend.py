@@ -23,15 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent import host as remote_agent
 from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_modules
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.core.topology import format_cpulist
+from poprun_py.hostside import agent as remote_agent
+from poprun_py.hostside import stackdump
 from poprun_py.prepare.discover import discover_local
-from poprun_py.process import stackdump, supervise
+from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render import job as render
 from poprun_py.ssh.pool import ConnectionPool
@@ -149,7 +150,7 @@ def agent(
 ) -> subprocess.Popen[bytes]:
     """The agent as a local process, its header already sent; stdin stays open."""
     proc = subprocess.Popen(
-        [PY, "-m", "poprun_py.agent.host", *args],
+        [PY, "-m", "poprun_py.hostside.agent", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
@@ -467,7 +468,7 @@ def test_agent_binds_each_instance_to_its_cpus_and_nodes() -> None:
 
 def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [PY, "-m", "poprun_py.agent.host"],
+        [PY, "-m", "poprun_py.hostside.agent"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
@@ -506,7 +507,7 @@ def test_agent_answers_run_requests_before_the_job(tmp_path: Path) -> None:
 
 
 def test_agent_without_a_job_exits_when_stdin_closes() -> None:
-    proc = subprocess.Popen([PY, "-m", "poprun_py.agent.host"], stdin=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen([PY, "-m", "poprun_py.hostside.agent"], stdin=subprocess.PIPE, cwd=REPO)
     assert proc.stdin is not None
     proc.stdin.close()
     assert proc.wait(timeout=5) == 0

@@ -1,13 +1,13 @@
-"""The agent protocol is written once (poprun_py/agent/protocol.py) and shipped with the agent."""
+"""The agent protocol is written once (poprun_py/hostside/protocol.py), shipped with the agent."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from poprun_py.agent import host as remote_agent
-from poprun_py.agent import protocol as P
 from poprun_py.agent.client import inline_modules
+from poprun_py.hostside import agent as remote_agent
+from poprun_py.hostside import protocol as P
 
 
 def test_records_round_trip() -> None:

@@ -125,7 +125,7 @@ def fake(can: Capabilities) -> Iterator[Prepared]:
 def test_runs_on_this_machine_makes_the_hosts_simulated_here(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("poprun_py.process.private.runtime_root", lambda: "/run/here")
+    monkeypatch.setattr("poprun_py.hostside.private.runtime_root", lambda: "/run/here")
     with fake(Capabilities()) as there:  # h1 and h2 are other machines
         assert not any(n.startswith(SIMULATED) for n in there.plan.notes)
         assert there.local_topology is None

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent import host as remote_agent
 from poprun_py.agent.client import Timing, agent_payload, inline_modules
 from poprun_py.backends.ssh import _host_header
 from poprun_py.core.hosts import parse_hosts
@@ -21,9 +20,9 @@ from poprun_py.core.plan import binds, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import PreflightError
-from poprun_py.preflight.probes import HostReport, PreflightReport, check_numactl
-from poprun_py.process import binding
-from poprun_py.process.binding import (
+from poprun_py.hostside import agent as remote_agent
+from poprun_py.hostside import binding
+from poprun_py.hostside.binding import (
     MPOL_BIND,
     MPOL_DEFAULT,
     SYSCALLS,
@@ -32,6 +31,7 @@ from poprun_py.process.binding import (
     get_mempolicy,
     set_mempolicy,
 )
+from poprun_py.preflight.probes import HostReport, PreflightReport, check_numactl
 from poprun_py.process.proctree import Spawner
 from poprun_py.render.job import render_job
 from tests.integration.helpers import binding_case

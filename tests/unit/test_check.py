@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from poprun_py.check_instance import check_devices
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
+from poprun_py.hostside.check_instance import check_devices
 from poprun_py.launch.check import judge, parse_lines, report_dict, report_lines
 
 
@@ -111,7 +111,7 @@ def test_reports_are_written_as_json_dumps_writes_them() -> None:
     import json
     import random
 
-    from poprun_py.check_instance import dumps
+    from poprun_py.hostside.check_instance import dumps
 
     rng = random.Random(15)
     alphabet = 'ab"\\\n\r\t\b\f\x00\x1f\x7f é€😀\udcff/'
@@ -133,7 +133,7 @@ def test_instances_check_against_rank_0_and_the_missing_rank_is_named() -> None:
     never connects, the others report it missing at the deadline, and it alone is named."""
     import threading
 
-    from poprun_py.check_instance import run
+    from poprun_py.hostside.check_instance import run
     from tests.ports import held_port
 
     def check(ranks: range, timeout: float) -> dict[int, dict[str, Any]]:

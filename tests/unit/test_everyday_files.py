@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from poprun_py.agent import host as agent_host
 from poprun_py.core.result import RunOptions
 from poprun_py.errors import BackendError
-from poprun_py.jobs import hostops, registry
+from poprun_py.hostside import agent as agent_host
+from poprun_py.hostside import hostops
+from poprun_py.jobs import registry
 from poprun_py.process.output import LineFeed, Output
 from poprun_py.ssh import sync as ssh_sync
 
@@ -56,7 +57,7 @@ def test_a_planted_symlink_where_a_temp_file_goes_is_not_followed(
     assert victim.read_text() == "precious\n"
     assert target.read_text() == "mine\n" and not target.is_symlink()
     # ... and where it puts them now, when that name is known in advance: O_EXCL|O_NOFOLLOW
-    from poprun_py.process import private
+    from poprun_py.hostside import private
 
     monkeypatch.setattr(private.os, "urandom", lambda n: b"\0" * n)
     os.symlink(victim, target.parent / f".rank.{os.getpid()}.{'00' * 6}.tmp")
@@ -118,7 +119,7 @@ def test_a_tree_in_a_shared_directory_that_another_user_owns_is_refused(tmp_path
     failure = agent_host.write_files([{"path": f"{theirs}/jobs/j/rank", "text": "x"}])
     assert failure == f"cannot write {theirs}/jobs/j/rank: {why}"
     assert not (theirs / "jobs").exists()
-    from poprun_py.process import private
+    from poprun_py.hostside import private
 
     with pytest.raises(private.UnsafePath) as caught:
         private.private_dir(str(theirs / "jobs"))

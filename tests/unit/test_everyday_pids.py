@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from poprun_py.agent import host as agent_host
 from poprun_py.backends.base import RunOptions
-from poprun_py.process import identity, proctree, supervise
+from poprun_py.hostside import agent as agent_host
+from poprun_py.hostside import identity
+from poprun_py.process import proctree, supervise
 from poprun_py.process.output import Output
 
 

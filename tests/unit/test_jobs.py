@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from poprun_py.errors import UsageError
-from poprun_py.jobs import hostops, registry
+from poprun_py.hostside import hostops
+from poprun_py.jobs import registry
 from poprun_py.jobs.record import JobRecord, check_job_id, from_json, new_job_id, observed, to_json
 from poprun_py.jobs.supervisor import Recorder
 from poprun_py.launch.launcher import RunSettings, launch

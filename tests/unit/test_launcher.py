@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent.rsh_shim import SOCKET_VAR, agent_command
 from poprun_py.backends import mpi
+from poprun_py.hostside.rsh_shim import SOCKET_VAR, agent_command
 from poprun_py.launch import launcher
 from poprun_py.prepare.job import LaunchOptions, prepare
 

@@ -17,12 +17,12 @@ from typing import Any, cast
 
 import pytest
 
-from poprun_py.agent import protocol as P
 from poprun_py.agent.client import AgentLink, Timing
 from poprun_py.agent.relay import RankDumps, Relay, RshRelay, _Session
 from poprun_py.backends.external import LauncherRun
 from poprun_py.backends.mpiexec import in_reach, to_ranks
 from poprun_py.core.result import RunOptions
+from poprun_py.hostside import protocol as P
 from poprun_py.process.output import Output
 from poprun_py.process.signals import Control, DumpRequest
 from poprun_py.process.supervise import Supervision

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent import rsh_shim
 from poprun_py.agent.relay import Relay
 from poprun_py.backends.mpiexec import (
     MPIEXEC_MISSING,
@@ -24,6 +23,7 @@ from poprun_py.core.plan import make_plan
 from poprun_py.core.result import RunOptions
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.errors import EXIT_PREFLIGHT, PreflightError
+from poprun_py.hostside import rsh_shim
 from poprun_py.process.output import LAUNCHER_INDEX, Output
 from poprun_py.process.signals import Control
 from poprun_py.render.job import render_job

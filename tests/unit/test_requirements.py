@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.process.identity import identify
+from poprun_py.hostside.identity import identify
 from tests import hostfixtures, requirements
 
 ROOT = Path(__file__).resolve().parents[2]

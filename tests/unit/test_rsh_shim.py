@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent import rsh_shim
-from poprun_py.agent.rsh_shim import agent_command, mpirun_args, parse_args, relay, uses_relay
+from poprun_py.hostside import rsh_shim
+from poprun_py.hostside.rsh_shim import agent_command, mpirun_args, parse_args, relay, uses_relay
 
 # What Open MPI 4.1 passes (plm_rsh_args "-F cfg", no prefix): options, host, command words.
 OPEN_MPI_ARGS = ["-F", "/x/cfg", "198.18.0.12", " orted", "-mca", "ess", '"env"']

@@ -14,7 +14,7 @@ import pytest
 
 from poprun_py.backends import slurm_stacks
 from poprun_py.backends.slurm_stacks import found, script, stacks_argv, step_id
-from poprun_py.process.stackdump import dump_step, find_pyspy, report_step
+from poprun_py.hostside.stackdump import dump_step, find_pyspy, report_step
 from tests import requirements
 
 TASK = """

@@ -1,4 +1,4 @@
-"""Stack dumps with py-spy at their seam (poprun_py/process/stackdump.py): which processes of an
+"""Stack dumps with py-spy at their seam (poprun_py/hostside/stackdump.py): which processes of an
 instance's tree are dumped, what a failing or hanging py-spy gives (nothing, and nothing left
 running), and the agent source that ships the module. A stand-in ``py-spy`` script plays py-spy
 here; the real one is used by the integration tests (test_long_run_local, test_long_run_hosts).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.process import stackdump
+from poprun_py.hostside import stackdump
 from poprun_py.process.proctree import alive
 
 PY = sys.executable

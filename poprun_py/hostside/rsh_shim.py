@@ -1,9 +1,9 @@
 """The remote-shell agent of poprun-py's MPI launches: orted (Open MPI) or hydra_pmi_proxy
 (MPICH) through the host's agent.
 
-A remote ``--backend mpirun`` launch already has one agent per host (:mod:`poprun_py.agent.host`,
-started over its SSH connection for preflight). Rather than let Open MPI open one more SSH
-connection and login session per host, poprun-py runs mpirun with
+A remote ``--backend mpirun`` launch already has one agent per host
+(:mod:`poprun_py.hostside.agent`, started over its SSH connection for preflight). Rather than
+let Open MPI open one more SSH connection and login session per host, poprun-py runs mpirun with
 ``--mca plm_rsh_agent "<python> -S -I <this file>"`` and ``POPRUN_RSH_SOCKET`` naming a Unix
 socket it serves (:mod:`poprun_py.agent.relay`). Open MPI runs this script as it would run
 ssh, ``[SSH OPTIONS] HOST COMMAND WORDS...``, and the script:
@@ -212,7 +212,7 @@ def launcher_exec(python: str = sys.executable, environ: Mapping[str, str] = os.
     """:func:`exec_script_path`, written (mode 0700, atomically) unless it is there already."""
     path = exec_script_path(python, environ)
     if not os.access(path, os.X_OK):
-        from poprun_py.process.private import private_dir, write_private  # not on the hosts
+        from poprun_py.hostside.private import private_dir, write_private  # not on the hosts
 
         private_dir(os.path.dirname(path))
         write_private(path, exec_script(python), mode=0o700)

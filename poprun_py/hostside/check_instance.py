@@ -28,7 +28,7 @@ Example (one instance on its own: it serves and checks itself)::
     >>> import os, subprocess, sys
     >>> env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
     ...        "MASTER_PORT": "0", "POPRUN_HOST_NAME": "h1"}
-    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.check_instance"], env=env,
+    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.hostside.check_instance"], env=env,
     ...                      capture_output=True, text=True, timeout=20).stdout
     >>> import json; report = json.loads(out.split(" ", 1)[1])
     >>> report["ok"], report["allreduce"], report["rank"]
@@ -423,8 +423,8 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m poprun_py.check_instance [--timeout S] [--bytes N] [--torch 1]`` (or this
-    module's source run by :data:`poprun_py.launch.check.CHECK_MAIN`)."""
+    """``python -m poprun_py.hostside.check_instance [--timeout S] [--bytes N] [--torch 1]``
+    (or this module's source run by :data:`poprun_py.launch.check.CHECK_MAIN`)."""
     args = sys.argv[1:] if argv is None else argv
     opts = dict(zip(args[::2], args[1::2]))  # noqa: B905 (no strict= on Python 3.7)
     report = run(

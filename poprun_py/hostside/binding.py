@@ -11,7 +11,7 @@ CPUs are still bound.
 
 Standard library only, Python 3.7+ syntax, and no import of poprun_py: the ssh backend ships
 this module inside the remote agent's source (:func:`poprun_py.backends.ssh.agent_payload`
-inlines it in place of ``poprun_py/agent/host.py``'s import line), so the local backend and the
+inlines it in place of ``poprun_py/hostside/agent.py``'s import line), so the local backend and the
 agent bind with the same code.
 
 Example:

@@ -1,6 +1,6 @@
 """Stack dumps of running instances with ``py-spy dump``, for ``--hang-timeout``: used by the
 local supervision and, inlined into its source, by the per-host agent
-(:mod:`poprun_py.agent.host`), so it uses the standard library only (Python 3.7).
+(:mod:`poprun_py.hostside.agent`), so it uses the standard library only (Python 3.7).
 
 An instance may be a shell or a wrapper around the program: every process of its tree (its
 root and the root's descendants, from ``/proc``) that runs a Python interpreter is dumped, all
@@ -258,7 +258,7 @@ def report_step(argv: list[str], out: BinaryIO) -> None:
     """What a Slurm step's stack dump (``python3 -c SOURCE JOB STEP TIMEOUT``, this module's
     source ahead) writes: for each rank of step JOB.STEP on this node, ``s RANK LINE`` for every
     line of its stacks and ``w RANK py-spy`` (dumped) or ``w RANK none`` -- the agent's
-    ``dump-ranks`` records (:mod:`poprun_py.agent.protocol`)."""
+    ``dump-ranks`` records (:mod:`poprun_py.hostside.protocol`)."""
     found = dump_step(argv[0], argv[1], find_pyspy(), float(argv[2]))
     for rank, lines in sorted(found.items()):
         for line in lines or ():

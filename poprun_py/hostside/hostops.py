@@ -17,7 +17,7 @@ Operations (``python3 -S hostops.py OP ARGS``; JSON on stdout, exit 3 for an unk
 - ``prune AGE``: remove the directory of every ended job that ended at least AGE seconds ago;
   the ids removed.
 
-The root is this user's job root (:func:`poprun_py.process.private.job_root`, inlined when
+The root is this user's job root (:func:`poprun_py.hostside.private.job_root`, inlined when
 this module ships): one that another user could tamper with is refused (exit
 :data:`UNSAFE_ROOT`, one line on stderr), and a ``job.json`` that is not this user's is no job.
 
@@ -41,7 +41,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from poprun_py.process.private import (  # inlined (hostops ships alone): place.hostops_source
+from poprun_py.hostside.private import (  # inlined (hostops ships alone): place.hostops_source
     UnsafePath,
     job_root,
     private_dir,

@@ -11,7 +11,7 @@ on Linux.
 
 What it does, with the local backend's rules: writes the job's files (mode 0600); starts every
 instance in its own session, so its process group can be signalled as a whole, bound to its CPUs
-and NUMA nodes when the plan binds it (:mod:`poprun_py.process.binding`, inlined into the
+and NUMA nodes when the plan binds it (:mod:`poprun_py.hostside.binding`, inlined into the
 agent's source: no numactl needed), with the instance environment (which therefore never appears
 in any argv); forwards each output line tagged with the instance index; reports each exit at
 once. When every instance has ended it stops what they left behind (their process groups and
@@ -20,16 +20,16 @@ grace period. On ``term`` it stops everything the same way. When poprun-py is go
 closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
 cut off; ``--host-timeout``; not after ``pause``, Ctrl-Z, until poprun-py speaks again) -- it
 does so on its own. No pid is signalled that may be another process's by then
-(:mod:`poprun_py.process.identity`).
+(:mod:`poprun_py.hostside.identity`).
 
-The protocol is specified in :mod:`poprun_py.agent.protocol` (inlined into the agent's
-source with :mod:`poprun_py.process.binding`).
+The protocol is specified in :mod:`poprun_py.hostside.protocol` (inlined into the agent's
+source with :mod:`poprun_py.hostside.binding`).
 
 Example (the agent run locally, as its tests do)::
 
     >>> import json, subprocess, sys
     >>> job = {"instances": [{"index": 3, "argv": ["echo", "hi"], "env": {}, "cwd": None}]}
-    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.agent.host", "--no-stdin-eof"],
+    >>> out = subprocess.run([sys.executable, "-m", "poprun_py.hostside.agent", "--no-stdin-eof"],
     ...     input=b"job " + json.dumps(job).encode() + b"\\n", capture_output=True).stdout
     >>> [r for r in out.decode().splitlines() if r[0] in "oxd"]
     ['o 3 hi', 'x 3 0', 'd']
@@ -48,7 +48,15 @@ import sys
 import threading
 import time
 
-from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent_payload
+from poprun_py.hostside.binding import bound  # inlined (the agent ships alone): agent_payload
+from poprun_py.hostside.identity import (  # inlined: agent_payload
+    belonging,
+    boot_ticks,
+    signal_left,
+    signal_same,
+)
+from poprun_py.hostside.private import private_dir, write_private  # inlined: agent_payload
+from poprun_py.hostside.protocol import (  # inlined (the agent ships alone): agent_payload
     DONE,
     DUMP_LINE,
     DUMP_RANKS_LINE,
@@ -78,15 +86,7 @@ from poprun_py.agent.protocol import (  # inlined (the agent ships alone): agent
     dump_indexes,
     record,
 )
-from poprun_py.process.binding import bound  # inlined (the agent ships alone): agent_payload
-from poprun_py.process.identity import (  # inlined: agent_payload
-    belonging,
-    boot_ticks,
-    signal_left,
-    signal_same,
-)
-from poprun_py.process.private import private_dir, write_private  # inlined: agent_payload
-from poprun_py.process.stackdump import (  # inlined: agent_payload
+from poprun_py.hostside.stackdump import (  # inlined: agent_payload
     dump_in_background,
     dump_ranks,
     dump_trees,
@@ -487,7 +487,7 @@ class Agent:
 
     def signal_all(self, sig: int) -> None:
         """Signal every running instance's process group, and every leftover found in /proc,
-        each only if its pid still names the process found (:mod:`~poprun_py.process.identity`:
+        each only if its pid still names the process found (:mod:`~poprun_py.hostside.identity`:
         a pid reaped meanwhile may be anyone's)."""
         for inst in self.instances:
             inst.signal(sig)
@@ -506,7 +506,7 @@ class Agent:
 
 def write_files(items: list[dict[str, str]]) -> str:
     """Write each ``{"path", "text"}`` (atomically, mode 0600, directories 0700, never through
-    a directory another user could tamper with: :mod:`poprun_py.process.private`); '' or what
+    a directory another user could tamper with: :mod:`poprun_py.hostside.private`); '' or what
     went wrong."""
     for item in items:
         path, text = item["path"], item["text"]

@@ -1,0 +1,18 @@
+"""What runs on the hosts: programs and modules that need only Python 3.7's standard library,
+shipped to a host that has nothing of poprun-py (the client imports them too).
+
+- :mod:`~poprun_py.hostside.agent`: the per-host agent, in :mod:`~poprun_py.hostside.protocol`;
+- :mod:`~poprun_py.hostside.hostops`: a detached job's operations on its hosts (jobs/logs/stop);
+- :mod:`~poprun_py.hostside.check_instance`: ``check``'s program, run as every instance;
+- :mod:`~poprun_py.hostside.rsh_shim`: mpirun's and mpiexec's rsh agent;
+- their parts: :mod:`~poprun_py.hostside.binding` (CPU and memory binding syscalls),
+  :mod:`~poprun_py.hostside.identity` (a process by pid and start time),
+  :mod:`~poprun_py.hostside.private` (files only their owner reads),
+  :mod:`~poprun_py.hostside.stackdump` (stacks of Python ranks).
+
+Example:
+
+    >>> from poprun_py.hostside import protocol
+    >>> protocol.STARTED
+    b'p'
+"""
