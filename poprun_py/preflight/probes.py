@@ -57,6 +57,7 @@ from poprun_py.core.topology import (
     within,
 )
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.ssh.hostresult import HostResult
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -94,13 +95,13 @@ class RunnerPool(Protocol):
     def settings(self) -> SshSettings:
         """Their SSH settings."""
 
-    def map(
+    def each(
         self,
         fn: Callable[[Runner], T],
         hosts: Iterable[str] | None = None,
         *,
         connect: bool = False,
-    ) -> dict[str, T | BaseException]:
+    ) -> dict[str, HostResult[T]]:
         """``fn`` on every host in parallel; every outcome (connection faults included)."""
 
 
@@ -432,7 +433,7 @@ def preflight(
             faults.append(Fault(conn.name, "checks", f"check script failed: {detail[0]}"))
         return faults, replace(report, check_seconds=time.monotonic() - t0)
 
-    outcomes = pool.map(check, connect=True)  # connection faults come back as outcomes
+    outcomes = pool.each(check, connect=True)  # connection faults come back as outcomes
     hosts, faults, warnings = _collect(pool, checks, outcomes, resolving)
     report = PreflightReport(hosts, faults, warnings, time.monotonic() - started)
     for warning in warnings:
@@ -445,7 +446,7 @@ def preflight(
 def _collect(
     pool: RunnerPool,
     checks: Checks,
-    outcomes: Mapping[str, tuple[list[Fault], HostReport] | BaseException],
+    outcomes: Mapping[str, HostResult[tuple[list[Fault], HostReport]]],
     resolving: Mapping[str, Future[tuple[float, str | None]]],
 ) -> tuple[tuple[HostReport, ...], tuple[Fault, ...], tuple[str, ...]]:
     """Every host's report, the faults (host order) and the warnings."""
@@ -459,17 +460,17 @@ def _collect(
         seconds, error = resolving[name].result() if name in resolving else (None, None)
         outcome = outcomes.get(name)
         report = HostReport(name)
-        if isinstance(outcome, BaseException):
-            faults.append(
-                outcome.fault() if isinstance(outcome, TransportError) else _fault(name, outcome)
-            )
-        elif outcome is not None:
-            faults += outcome[0]
-            report = outcome[1]
-            if checks.topology and report.topology is None:
-                warnings.append(f"{name}: NUMA topology could not be discovered")
+        match outcome:
+            case HostResult(fault=TransportError() as lost):
+                faults.append(lost.fault())
+            case HostResult(fault=BaseException() as fault):
+                faults.append(_fault(name, fault))
+            case HostResult(returned=(list() as found, HostReport() as report)):
+                faults += found
+                if checks.topology and report.topology is None:
+                    warnings.append(f"{name}: NUMA topology could not be discovered")
         note = _resolve_warning(name, seconds, error) if seconds is not None else None
-        if note and not isinstance(outcome, BaseException) and host.address is None:
+        if note and (outcome is None or outcome.ok) and host.address is None:
             warnings.append(note)
         hosts.append(replace(report, resolve_seconds=seconds))
     return tuple(hosts), tuple(faults), tuple(warnings)

@@ -15,6 +15,7 @@ import pytest
 from poprun_py.core.spec import HostSpec
 from poprun_py.preflight import probes as pf
 from poprun_py.ssh.connection import RemoteResult
+from poprun_py.ssh.hostresult import HostResult
 from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
@@ -36,10 +37,10 @@ class Pool:
         self.settings = SshSettings()
         self._hosts = {name: Host(name, out) for name, out in hosts.items()}
 
-    def map(
+    def each(
         self, fn: Callable[[Host], T], hosts: Iterable[str] | None = None, *, connect: bool = False
-    ) -> dict[str, T | BaseException]:
-        return {name: fn(host) for name, host in self._hosts.items()}
+    ) -> dict[str, HostResult[T]]:
+        return {name: HostResult(fn(host)) for name, host in self._hosts.items()}
 
 
 SYSFS = "topology sysfs\n/sys/devices/system/node/node0/cpulist:0-1\n"
