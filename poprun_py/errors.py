@@ -1,6 +1,6 @@
 """One typed error tree for poprun-py; only the CLI turns these into messages and exit codes.
 
-Exit codes (documented in the README):
+Exit codes (documented in the README and docs/command-line.md):
 
     0    success
     2    bad input: spec, flags, host expressions, impossible plans (nothing launched)

@@ -4,8 +4,9 @@
 #   1. Debian packages (sshd, Open MPI, iproute2, numactl, Slurm, munge, ...) when root;
 #   2. poprun-py with its test extras, editable, into the project's virtual environment
 #      (.venv/, made once with "$PYTHON", default python3; see scripts/venv.sh);
-#   3. ruff and mypy --strict, then pytest (unit, then integration on real processes, real sshd
-#      test hosts in network namespaces, real Open MPI, real Slurm, moto as a local server),
+#   3. ruff, mypy --strict and the docs build (mkdocs --strict), then pytest (unit, then
+#      integration on real processes, real sshd test hosts in network namespaces, real Open
+#      MPI, real Slurm, moto as a local server),
 #      all from .venv (its bin first on PATH, so test hosts' sessions find the same python).
 #
 # Before the tests it prints one line: what this machine lacks that tests need (root, programs,
@@ -54,5 +55,9 @@ echo "== ruff"
 "$VENV_PYTHON" -m ruff check poprun_py tests benchmarks examples
 echo "== mypy --strict"
 "$VENV_PYTHON" -m mypy poprun_py
+echo "== docs (mkdocs build --strict: a broken link or anchor fails)"
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 "$VENV_PYTHON" -m mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 echo "== pytest"
 exec "$VENV_PYTHON" -m pytest -q -rfEs -p no:cacheprovider --durations=15 "$@"

@@ -302,7 +302,7 @@ class SlurmSession:
         return Checked(prep, {})
 
     def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
-        """Nodes of an allocation share the job directory (see the README)."""
+        """Nodes of an allocation share the job directory (see docs/slurm.md)."""
 
     def tidy(self, job_dir: str) -> None:
         """The nodes share the job directory: the launcher's own clean-up removes it."""

@@ -132,7 +132,7 @@ class LaunchResult:
 
 HOST_TIMEOUT = 180.0
 """The default ``--host-timeout``: seconds of silence (no heartbeat either way) after which a
-host is lost, and after which its agent takes poprun-py to be gone (README: "Hosts that stop
+host is lost, and after which its agent takes poprun-py to be gone (docs/long-runs.md: "Hosts that stop
 answering"). A dead host is usually noticed at once anyway: its connection ends."""
 
 
