@@ -1,6 +1,6 @@
 """Start-up cost of the command line: ``poprun-py --help`` and ``poprun-py launch --dry-run`` for
 a 16-host cluster, beside the peers' ``--help`` (torchrun, deepspeed, horovodrun) when they are
-installed here; otherwise the figures measured in DESIGN.md are printed as the reference.
+installed here; otherwise the figures measured on a machine that has them (REFERENCE) are printed.
 
 Targets: ``--help`` within 0.15 s median (issue 2); ``launch --dry-run`` of 16 hosts within
 0.25 s median (issue 3).
@@ -68,7 +68,7 @@ def main() -> None:
     for name, reference in REFERENCE.items():
         argv = peer(name)
         if argv is None:
-            rows.append((f"{name} --help", reference, "DESIGN.md figure; not installed here"))
+            rows.append((f"{name} --help", reference, "reference figure; not installed here"))
         else:
             rows.append((f"{name} --help", median_seconds(argv, args.runs), "measured"))
     print(f"median of {args.runs} runs, {os.cpu_count()} CPUs")

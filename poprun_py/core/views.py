@@ -1,5 +1,6 @@
 """Text views of a plan: PopRun's topology table and the per-instance table rows, and the plan
-JSON of DESIGN.md. Pure functions returning strings and dicts; the CLI prints them.
+JSON of docs/running.md ("Plan JSON"). Pure functions returning strings and dicts; the CLI
+prints them.
 
 Example:
 
@@ -210,7 +211,7 @@ def summary_lines(plan: LaunchPlan) -> list[str]:
 
 
 def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
-    """The plan JSON of DESIGN.md (plus a few documented extras)."""
+    """The plan JSON (docs/running.md, "Plan JSON")."""
     return {
         "num_replicas": plan.num_replicas,
         "num_instances": plan.num_instances,

@@ -63,7 +63,7 @@ def test_hosts_only_a_wide_network_holds_get_no_selection(
 
 
 def test_hosts_on_one_narrow_network_keep_their_selection(tmp_path: Path, away: None) -> None:
-    """The test hosts' case (DESIGN.md: across namespaces Open MPI needs the subnet)."""
+    """The test hosts' case (across namespaces Open MPI needs the subnet)."""
     assert selection(tmp_path, "198.18.0.11,198.18.0.12,198.18.3.14") == {
         "btl_tcp_if_include": "198.18.0.0/22",
         "oob_tcp_if_include": "198.18.0.0/22",
