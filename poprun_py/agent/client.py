@@ -19,9 +19,7 @@ Example::
 
 Run as a doctest (tests/unit/test_docstrings.py)::
 
-    >>> from pathlib import Path
-    >>> from poprun_py.hostside import agent as host
-    >>> source = inline_modules(Path(host.__file__).read_bytes())  # what travels to a host
+    >>> source = payload("agent").source  # what travels to a host, with its compiled code
     >>> b"from poprun_py" in source, b"def bound(" in source
     (False, True)
 """
@@ -29,10 +27,7 @@ Run as a doctest (tests/unit/test_docstrings.py)::
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.util
 import json
-import marshal
 import os
 import posixpath
 import select
@@ -41,13 +36,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
-from poprun_py.hostside import agent as remote_agent
 from poprun_py.hostside import protocol as P
+from poprun_py.hostside.bundle import over_stdin, payload, warm_up
 
 if TYPE_CHECKING:
     import paramiko
@@ -66,13 +60,6 @@ LATE = 1.0  # a look at a host this much later than due: poprun-py was not liste
 PAUSE_WAIT = 2.0  # on Ctrl-Z, how long the agents' "pause" may take before poprun-py stops
 KILL_WAIT = 3.0  # after SIGKILL, how long an agent has to report before its host is lost
 START_TIMEOUT = 30.0  # until its first word: a login shell on a loaded host can take seconds
-AGENT_START = (
-    "sh",
-    "-c",
-    'for p in /usr/bin/python3 python3; do if command -v "$p" >/dev/null 2>&1; then '
-    'exec "$p" -S -c "$0" "$@"; fi; done; echo "poprun-py agent: no python3 on PATH" >&2; exit 127',
-)
-"""Runs the agent bootstrap with the host's python3 (the system one first: it starts fastest)."""
 
 
 class AgentPool:
@@ -89,7 +76,7 @@ class AgentPool:
         self._retired: list[AgentConnection] = []  # agents whose job was handed out
         self._lock = threading.Lock()
         # built while the connections are being made, before the first agent needs it
-        threading.Thread(target=_warm_up, daemon=True, name="poprun-agent-payload").start()
+        threading.Thread(target=warm_up, args=("agent",), daemon=True, name="poprun-warm").start()
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]:
@@ -162,67 +149,6 @@ class AgentPool:
             agent.close()
 
 
-_PAYLOAD_LOCK = threading.Lock()
-
-
-def agent_payload() -> tuple[list[str], bytes]:
-    """The bootstrap's arguments and what it reads from stdin: the agent compiled here (run as
-    is by a host whose Python has this bytecode magic) and its source (compiled there if not).
-    Built once, whichever host's thread asks first (compiling takes ~16 ms, holding the GIL:
-    16 hosts' threads asking at once used to compile it 16 times)."""
-    with _PAYLOAD_LOCK:
-        return _payload()
-
-
-def _warm_up() -> None:
-    """Build the payload ahead of need; a failure is left for the first agent's start to raise."""
-    with contextlib.suppress(Exception):
-        agent_payload()
-
-
-@functools.cache
-def _payload() -> tuple[list[str], bytes]:
-    source = inline_modules(Path(remote_agent.__file__).read_bytes())
-    code = marshal.dumps(compile(source, "poprun-agent", "exec"))
-    return [str(len(source)), importlib.util.MAGIC_NUMBER.hex(), str(len(code))], code + source
-
-
-INLINED = (
-    (b"from poprun_py.hostside.protocol import", "poprun_py.hostside.protocol"),
-    (b"from poprun_py.hostside.binding import", "poprun_py.hostside.binding"),
-    (b"from poprun_py.hostside.stackdump import", "poprun_py.hostside.stackdump"),
-    (b"from poprun_py.hostside.identity import", "poprun_py.hostside.identity"),
-    (b"from poprun_py.hostside.private import", "poprun_py.hostside.private"),
-)
-"""The agent's imports of poprun-py modules, each replaced by that module's code when it ships
-(the host has no poprun_py): one source of truth for the protocol, the binding syscalls and
-process identities."""
-
-
-def inline_modules(agent: bytes) -> bytes:
-    """The agent's source with every :data:`INLINED` import replaced by its module's code."""
-    import importlib
-
-    for start, name in INLINED:
-        module = importlib.import_module(name)
-        body = Path(str(module.__file__)).read_bytes()
-        body = body.replace(b"from __future__ import annotations\n", b"")
-        head, found, tail = agent.partition(start)
-        if not found:
-            raise RuntimeError(f"poprun_py/hostside/agent.py no longer imports {name}")
-        agent = head + body + _after_import(tail)
-    return agent
-
-
-def _after_import(tail: bytes) -> bytes:
-    """What follows an import statement (one line, or a parenthesised list of names)."""
-    line, _, rest = tail.partition(b"\n")
-    code = line.split(b"#")[0]
-    if b"(" in code and b")" not in code:
-        rest = rest.partition(b")\n")[2]
-    return rest
-
-
 class AgentConnection:
     """One host's agent channel; ``run`` works like :meth:`Connection.run` until the job."""
 
@@ -239,10 +165,10 @@ class AgentConnection:
 
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
-        """Start the agent on a new channel of ``conn`` and send it its source."""
-        args, payload = agent_payload()
-        channel = conn.start([*AGENT_START, remote_agent.BOOTSTRAP, *args])
-        channel.sendall(payload)
+        """Start the agent on a new channel of ``conn`` and send it its code."""
+        agent = payload("agent").data
+        channel = conn.start(over_stdin())
+        channel.sendall(agent)
         return cls(conn, channel)
 
     def run(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent.client import AGENT_START, AgentPool, agent_payload, inline_modules
+from poprun_py.agent.client import AgentPool
 from poprun_py.backends.ssh import SshBackend
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.result import LaunchResult, RunOptions
@@ -31,6 +31,7 @@ from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
 from poprun_py.core.topology import format_cpulist
 from poprun_py.hostside import agent as remote_agent
 from poprun_py.hostside import stackdump
+from poprun_py.hostside.bundle import bundle, over_stdin, payload
 from poprun_py.prepare.discover import discover_local
 from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
@@ -404,17 +405,17 @@ def test_agent_stops_what_a_finished_instance_left_behind() -> None:
 
 @pytest.mark.parametrize("form", ["compiled", "other magic", "source only"])
 def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
-    args, payload = agent_payload()
-    source = inline_modules(Path(remote_agent.__file__).read_bytes())
-    assert payload.endswith(source) and b"import poprun_py" not in source
+    shipped = payload("agent")
+    source = bundle("agent").encode()
+    assert shipped.data.endswith(source) and b"import poprun_py" not in source
     assert b"from poprun_py" not in source  # the host has no poprun_py: binding is inlined
     if form == "compiled":  # the same magic: the compiled agent runs, the source is not used
-        payload = payload[: -len(source)] + b"#" * len(source)
+        shipped = dataclasses.replace(shipped, source=b"#" * len(source))
     elif form == "other magic":  # a host whose Python cannot run our bytecode compiles the source
-        args = [args[0], "00000000", args[2]]
+        shipped = dataclasses.replace(shipped, magic=b"\0\0\0\0")
     elif form == "source only":
-        args, payload = [str(len(source))], source
-    argv = [*AGENT_START, remote_agent.BOOTSTRAP, *args]
+        shipped = dataclasses.replace(shipped, code=b"")
+    argv = over_stdin()
     job = {"instances": [{"index": 0, "argv": ["echo", "via bootstrap"], "env": {}, "cwd": None}]}
     case = binding_case()  # a CPU this process may use and a node it may allocate on
     job["instances"].append(  # the inlined binding code works in the shipped agent too
@@ -428,7 +429,7 @@ def test_agent_starts_from_stdin_like_on_a_host(form: str) -> None:
     )
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(payload + b"job " + json.dumps(job).encode() + b"\n")
+    proc.stdin.write(shipped.data + b"job " + json.dumps(job).encode() + b"\n")
     proc.stdin.flush()
     recs = records(proc.stdout.read())
     proc.stdin.close()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from poprun_py.agent.client import inline_modules
-from poprun_py.hostside import agent as remote_agent
 from poprun_py.hostside import protocol as P
+from poprun_py.hostside.bundle import bundle
 
 
 def test_records_round_trip() -> None:
@@ -21,7 +20,7 @@ def test_records_round_trip() -> None:
 
 
 def test_the_shipped_agent_carries_the_protocol_module_itself() -> None:
-    source = inline_modules(Path(remote_agent.__file__).read_bytes())
+    source = bundle("agent").encode()
     assert b"from poprun_py" not in source
     tree = ast.parse(source, feature_version=(3, 7))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}

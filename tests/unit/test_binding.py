@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.agent.client import Timing, agent_payload, inline_modules
+from poprun_py.agent.client import Timing
 from poprun_py.backends.ssh import _host_header
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import binds, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology, uniform
 from poprun_py.errors import PreflightError
-from poprun_py.hostside import agent as remote_agent
 from poprun_py.hostside import binding
 from poprun_py.hostside.binding import (
     MPOL_BIND,
@@ -31,6 +30,7 @@ from poprun_py.hostside.binding import (
     get_mempolicy,
     set_mempolicy,
 )
+from poprun_py.hostside.bundle import bundle, payload
 from poprun_py.preflight.probes import HostReport, PreflightReport, check_numactl
 from poprun_py.process.proctree import Spawner
 from poprun_py.render.job import render_job
@@ -117,12 +117,12 @@ def test_spawner_binds_posix_spawn_and_popen_children_and_restores_itself() -> N
 
 
 def test_the_agent_ships_the_binding_module_inlined_and_parses_as_python_3_7() -> None:
-    source = inline_modules(Path(remote_agent.__file__).read_bytes())
+    source = bundle("agent").encode()
     assert b"from poprun_py" not in source and b"def bound(" in source
     assert source.count(b"from __future__ import annotations") == 1
     tree = ast.parse(source, feature_version=(3, 7))  # the agent runs on any Python 3.7+
     assert any(isinstance(n, ast.FunctionDef) and n.name == "set_mempolicy" for n in tree.body)
-    assert agent_payload()[1].endswith(source)
+    assert payload("agent").data.endswith(source)
 
 
 BIND_ON_OLD_PYTHON = """
@@ -144,7 +144,7 @@ def test_the_agents_inlined_binding_runs_on_old_pythons(version: str, tmp_path: 
     from tests.integration.test_host_tools import old_python
 
     python = str(old_python(version))
-    source = inline_modules(Path(remote_agent.__file__).read_bytes()).decode()
+    source = bundle("agent")
     out = subprocess.run(
         [python, "-S", "-I", "-c", BIND_ON_OLD_PYTHON, str(CASE.node)],
         input=source.replace('if __name__ == "__main__":\n    main()', ""),
@@ -161,7 +161,7 @@ def test_the_agents_inlined_binding_runs_on_old_pythons(version: str, tmp_path: 
 
 
 def test_the_agent_source_alone_runs_without_poprun_py(tmp_path: Path) -> None:
-    source = inline_modules(Path(remote_agent.__file__).read_bytes()).decode()
+    source = bundle("agent")
     code = "import sys; sys.argv = ['agent']; exec(compile(sys.stdin.read(), 'agent', 'exec'))"
     env = {"PATH": os.environ["PATH"]}
     out = subprocess.run(

@@ -237,10 +237,10 @@ def alone(python: str, source: str, *args: str, cwd: Path, env: dict[str, str]) 
 def test_the_shipped_host_side_writer_and_hostops_run_alone_on_any_python(
     python: str, tmp_path: Path
 ) -> None:
-    from poprun_py.agent.client import inline_modules
+    from poprun_py.hostside.bundle import bundle
     from poprun_py.jobs.place import hostops_source
 
-    agent = inline_modules(Path(agent_host.__file__).read_bytes()).decode()
+    agent = bundle("agent")
     agent = agent.replace('if __name__ == "__main__":\n    main()', "")
     target = tmp_path / "root" / "jobs" / "j" / "shard-0.txt"
     code = f"print(repr(write_files([{{'path': {str(target)!r}, 'text': 'a.bin\\n'}}])))"

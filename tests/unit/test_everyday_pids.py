@@ -227,9 +227,7 @@ def test_descendants_skip_a_reaped_pid_and_a_group_that_took_its_number() -> Non
 
 
 def test_the_agent_ships_the_identity_module() -> None:
-    from pathlib import Path
+    from poprun_py.hostside.bundle import bundle
 
-    from poprun_py.agent.client import inline_modules
-
-    source = inline_modules(Path(agent_host.__file__).read_bytes())
+    source = bundle("agent").encode()
     assert b"def signal_same(" in source and b"from poprun_py" not in source
