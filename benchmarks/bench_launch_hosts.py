@@ -140,10 +140,13 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
                 runner = AgentPool(pool) if agents else pool
                 report = preflight(runner, prep.plan)  # type: ignore[arg-type]
                 t2 = time.perf_counter()
+                backend = (
+                    SshBackend(runner) if isinstance(runner, AgentPool) else SshBackend.over(pool)
+                )
                 job = launcher.render(
                     prep, tempfile.mkdtemp(prefix="bench-job-"), report.topologies
                 )
-                assert SshBackend(runner).run(job, quiet).ok
+                assert backend.run(job, quiet).ok
                 t3 = time.perf_counter()
                 if not agents:
                     pool.map(lambda conn: conn.run(["true"]))

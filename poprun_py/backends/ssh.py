@@ -99,55 +99,53 @@ class SshBackend(Defaults):
 
     name = "ssh"
 
+    def __init__(
+        self,
+        agents: AgentPool | None = None,
+        *,
+        heartbeat: float = HEARTBEAT,
+        liveness: float | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ):
+        """Runs jobs on ``agents`` (the hosts' agents); without them (the registry's), it can
+        only :meth:`open` a session, which makes its own. ``liveness`` None: the run's
+        ``--host-timeout``. See also :meth:`over` and :func:`connect_and_run`."""
+        self.agents = agents
+        self.heartbeat, self.liveness = heartbeat, liveness
+        self.start_timeout = start_timeout
+
+    @classmethod
+    def over(cls, pool: ConnectionPool) -> SshBackend:
+        """On the agents of ``pool``'s connections, each started on first use."""
+        return cls(AgentPool(pool))
+
+    def with_agents(self, agents: AgentPool) -> SshBackend:
+        """This backend's timings, on ``agents``."""
+        return SshBackend(
+            agents,
+            heartbeat=self.heartbeat,
+            liveness=self.liveness,
+            start_timeout=self.start_timeout,
+        )
+
     def open(self, prep: Prepared, settings: RunSettings) -> RemoteSession:
         """One connection and agent per host; the agents write the job's files first (a host
         where they cannot be written, e.g. a job root another user owns, fails preflight:
         nothing is started anywhere), then run the job."""
         from poprun_py.backends.session import RemoteSession
 
-        def runner(agents: AgentPool) -> SshBackend:
-            return SshBackend(agents, **self._timing_args())
-
-        return RemoteSession(prep, settings, runner, stages=True)
-
-    def __init__(
-        self,
-        pool_or_settings: AgentPool | ConnectionPool | SshSettings | None = None,
-        *,
-        heartbeat: float = HEARTBEAT,
-        liveness: float | None = None,
-        start_timeout: float = START_TIMEOUT,
-    ):
-        self._given = pool_or_settings
-        self.heartbeat, self.liveness = heartbeat, liveness
-        self.start_timeout = start_timeout
+        return RemoteSession(prep, settings, self.with_agents, stages=True)
 
     def run(self, job: RenderedJob, options: RunOptions) -> LaunchResult:
         """Start (or reuse) every host's agent, supervise the job to the end, report all
         (fail-fast, with the signal handlers installed for this call)."""
-        from poprun_py.ssh.pool import ConnectionPool
-
-        given = self._given
-        if isinstance(given, AgentPool | ConnectionPool):
-            return run_to_end(self, job, options)
-        with ConnectionPool([h.spec for h in job.plan.hosts], given or _default_settings()) as pool:
-            return run_to_end(SshBackend(AgentPool(pool), **self._timing_args()), job, options)
-
-    def _timing_args(self) -> dict[str, Any]:
-        return {
-            "heartbeat": self.heartbeat,
-            "liveness": self.liveness,
-            "start_timeout": self.start_timeout,
-        }
+        return run_to_end(self, job, options)
 
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> SshRun:
         """Hand every host its part of the job; the returned run is waited on for the rest."""
-        from poprun_py.ssh.pool import ConnectionPool
-
-        given = self._given
-        if not isinstance(given, AgentPool | ConnectionPool):
-            raise TypeError("SshBackend.start needs the hosts' agents (an AgentPool)")
-        agents = given if isinstance(given, AgentPool) else AgentPool(given)
+        if self.agents is None:
+            raise TypeError("SshBackend runs on the hosts' agents: SshBackend(agents) or .over")
+        agents = self.agents
         agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
         liveness = options.host_timeout if self.liveness is None else self.liveness
         timing = Timing(options.grace_period, self.heartbeat, liveness, self.start_timeout)
@@ -157,10 +155,17 @@ class SshBackend(Defaults):
         return run
 
 
-def _default_settings() -> SshSettings:
+def connect_and_run(
+    job: RenderedJob, options: RunOptions, settings: SshSettings | None = None
+) -> LaunchResult:
+    """Connect to ``job``'s hosts (``settings``, default :meth:`SshSettings.of`), run it on
+    their agents to the end, and close the connections."""
+    from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.settings import SshSettings
 
-    return SshSettings.of()
+    hosts = [h.spec for h in job.plan.hosts]
+    with ConnectionPool(hosts, SshSettings.of() if settings is None else settings) as pool:
+        return SshBackend.over(pool).run(job, options)
 
 
 def _host_header(job: RenderedJob, host: str, run_id: str, timing: Timing) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.agent.client import AgentPool
-from poprun_py.backends.ssh import SshBackend
+from poprun_py.backends.ssh import SshBackend, connect_and_run
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.result import LaunchResult, RunOptions
 from poprun_py.core.spec import ClusterSpec, EnvVar, HostSpec, JobSpec
@@ -83,7 +83,7 @@ def run_job(
     pool = ConnectionPool([h.spec for h in job.plan.hosts], settings_for(cluster))
     try:
         pool.open_all()
-        return SshBackend(pool).run(job, opts), lines
+        return SshBackend.over(pool).run(job, opts), lines
     finally:
         pool.close()
 
@@ -615,8 +615,8 @@ def test_an_instance_that_ends_early_leaves_the_others_running(
     plan = plan_on(test_cluster_4, ["sh", "-c", script])
     lines: Lines = []
     options = RunOptions(sink=lambda i, s, line: lines.append((i, s, line)))
-    backend = SshBackend(settings_for(test_cluster_4))  # opens (and closes) its own connections
-    result = backend.run(make_job(plan, str(tmp_path / "job")), options)
+    job = make_job(plan, str(tmp_path / "job"))
+    result = connect_and_run(job, options, settings_for(test_cluster_4))  # its own connections
     assert result.ok
     assert sorted(lines) == [(i, "stdout", f"done {i}") for i in range(4)]
 
@@ -728,7 +728,7 @@ job = make_job(plan, sys.argv[3])
 pool = ConnectionPool([h.spec for h in plan.hosts], settings_for(cluster))
 pool.open_all()
 print("started", flush=True)
-result = SshBackend(pool).run(job, RunOptions(grace_period=1.0))
+result = SshBackend.over(pool).run(job, RunOptions(grace_period=1.0))
 pool.close()
 print(json.dumps({"interrupted": result.interrupted, "exit": result.exit_code,
                   "states": [r.state for r in result.instances]}), flush=True)
