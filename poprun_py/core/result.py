@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from poprun_py.core.stacks import Hang
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_LOST, EXIT_OK
 
 
@@ -97,6 +98,7 @@ class LaunchResult:
     restart_failed: str = ""
     replaced: tuple[tuple[str, str], ...] = ()  # (lost host, spare) in this attempt's plan
     job_dir: str = ""  # where the job's files were left ("": removed after success, or none)
+    hang: Hang | None = None  # the verdict of the stacks dumped when an instance hung
 
     @property
     def failures(self) -> tuple[InstanceResult, ...]:
@@ -132,8 +134,8 @@ class LaunchResult:
 
 HOST_TIMEOUT = 180.0
 """The default ``--host-timeout``: seconds of silence (no heartbeat either way) after which a
-host is lost, and after which its agent takes poprun-py to be gone (docs/long-runs.md: "Hosts that stop
-answering"). A dead host is usually noticed at once anyway: its connection ends."""
+host is lost, and after which its agent takes poprun-py to be gone (docs/long-runs.md: "Hosts
+that stop answering"). A dead host is usually noticed at once anyway: its connection ends."""
 
 
 class Watch(Protocol):

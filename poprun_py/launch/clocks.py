@@ -10,8 +10,9 @@ clock first asks for every instance's stacks through the job's
 each running instance with ``py-spy dump`` where py-spy is on the PATH of the host that runs it
 (this machine, or the host's agent), and sends SIGUSR1 to the others that registered
 faulthandler (any program importing ``poprun_py.dist``), so the stacks land in each instance's
-log and on the terminal. The clock waits for the runner's answer (at most
-:data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
+log and on the terminal; the clock keeps them too, and prints the hang's verdict (which ranks
+are where, the odd ones named first: :mod:`poprun_py.core.stacks`). The clock waits for the
+runner's answer (at most :data:`DUMP_LIMIT` seconds; py-spy runs in parallel, each killed after
 :data:`~poprun_py.hostside.stackdump.PYSPY_TIMEOUT`), and up to :data:`DUMP_WAIT` more when
 SIGUSR1 was sent, then stops the job with a job-level cause
 (:class:`~poprun_py.core.result.JobCause`, exit 124) -- unless something else stopped it
@@ -40,6 +41,7 @@ import time
 from collections.abc import Mapping
 from types import TracebackType
 
+from poprun_py.core import stacks
 from poprun_py.core.result import JobCause
 from poprun_py.errors import EXIT_TIMEOUT
 from poprun_py.process.progress import Progress
@@ -82,6 +84,7 @@ class Clocks:
         self.control, self.progress, self.hosts = control, progress, hosts
         self.timeout, self.hang_timeout = timeout, hang_timeout
         self.cause: JobCause | None = None
+        self.hang: stacks.Hang | None = None  # the verdict of the stacks dumped for a hang
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="poprun-clocks")
 
@@ -135,7 +138,18 @@ class Clocks:
             reason,
             len(faulthandler),
         )
+        running = sorted(self.progress.running)
+        self.progress.record()
         self.control.dump(DumpRequest(faulthandler, every=self.progress.dumpable))
+        self._wait_for_dumps()
+        dumps = self.progress.recorded()
+        self.hang = stacks.verdict({i: dumps.get(i, []) for i in running}, self.hosts)
+        for line in stacks.describe(self.hang):
+            log.warning("%s", line)
+
+    def _wait_for_dumps(self) -> None:
+        """Until the runner says the stacks were dumped (at most :data:`DUMP_LIMIT` seconds),
+        then a moment more for faulthandler's output when SIGUSR1 was sent."""
         deadline = time.monotonic() + DUMP_LIMIT
         while not self.control.wait_dumped(min(TICK, max(0.0, deadline - time.monotonic()))):
             if self._done.is_set() or time.monotonic() >= deadline:

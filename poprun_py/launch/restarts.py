@@ -55,7 +55,9 @@ from pathlib import Path
 
 from poprun_py.backends.base import Backend, Checked, Session
 from poprun_py.core.result import InstanceState, LaunchResult, RunOptions, RunSettings
+from poprun_py.core.stacks import Hang
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
+from poprun_py.hostside import private
 from poprun_py.launch.clocks import Clocks, describe
 from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
 from poprun_py.process.progress import Progress
@@ -194,7 +196,9 @@ class Attempts:
                 self.settings.on_running(k)
             result = running.wait()
         pairs = tuple(sorted(replaced.items()))
-        return replace(result, cause=clocks.cause or result.cause, replaced=pairs)
+        if clocks.hang is not None:
+            self._record_hang(clocks.hang, k, job_dir)
+        return replace(result, cause=clocks.cause or result.cause, replaced=pairs, hang=clocks.hang)
 
     def _pause(self, delay: float) -> bool:
         """Wait ``delay`` seconds before a restart, whatever wakes the Control's pipe meanwhile
@@ -235,6 +239,19 @@ class Attempts:
                     ) from None
                 raise
             return session, checked, replaced
+
+    def _record_hang(self, hang: Hang, k: int, job_dir: str) -> None:
+        """The hang's verdict as JSON (``hang.json``, ``hang-restart-K.json`` for attempt K) in
+        ``--output-dir``, else in the job's directory on this machine."""
+        where = Path(self.settings.output_dir or job_dir)
+        path = where / (f"hang-restart-{k}.json" if k else "hang.json")
+        try:
+            private.private_dir(str(where))
+            private.write_private(str(path), json.dumps(hang.to_json(), indent=1) + "\n")
+        except OSError as exc:  # UnsafePath too
+            log.warning("cannot write the hang's verdict to %s: %s", path, exc)
+            return
+        log.warning("hang verdict written to %s", path)
 
     def _record_plan(self, prep: Prepared, k: int, replaced: Mapping[str, str]) -> None:
         """With ``--output-dir``: each restart's plan, saying which host replaced which."""

@@ -13,7 +13,8 @@ from :meth:`~poprun_py.process.signals.Control.ended`, where every runner report
 end (the local and ssh backends, and the launchers' own exit); under mpirun, mpiexec and srun,
 whose ranks may end long before the launcher does, each rank's wrapper writes :data:`ENDED` on
 its stderr once the program exited (whatever its code), which :meth:`Progress.seen` takes the
-same way (and poprun-py swallows).
+same way (and poprun-py swallows). While a hang's stacks are gathered, :meth:`Progress.record`
+keeps every running instance's lines for the hang's verdict (:mod:`poprun_py.core.stacks`).
 
 Example:
 
@@ -26,6 +27,10 @@ Example:
     (False, (1, 7.0))
     >>> p.ended(1); p.stalest(now=130.0), p.dumpable
     ((0, 19.0), False)
+    >>> p.record(); p.seen(0, "  File \\"t.py\\", line 3 in f", now=112.5)
+    False
+    >>> p.recorded(), p.recorded()
+    ({0: ['  File "t.py", line 3 in f']}, {})
     >>> p.seen(0, ENDED), p.stalest(now=500.0), p.running
     (True, None, frozenset())
 """
@@ -44,6 +49,8 @@ ENDED = b"\x1b[poprun-py:ended]"
 """The line each rank's wrapper (mpirun, mpiexec, srun) writes on stderr once its program
 ended, whatever its code: the rank is no longer watched (swallowed by poprun-py)."""
 MARKERS = (HEARTBEAT, FAULTHANDLER, ENDED)
+RECORDED_LINES = 2000
+"""Lines kept per instance while a hang's stacks are gathered (for its verdict)."""
 
 
 class Progress:
@@ -54,6 +61,7 @@ class Progress:
         start = time.monotonic() if now is None else now
         self._last = dict.fromkeys(indexes, start)
         self._faulthandler: set[int] = set()
+        self._recording: dict[int, list[str]] | None = None
         self._lock = threading.Lock()
 
     def seen(self, index: int, line: str | bytes, now: float | None = None) -> bool:
@@ -69,7 +77,22 @@ class Progress:
                 self._last[index] = time.monotonic() if now is None else now
                 if text == FAULTHANDLER:
                     self._faulthandler.add(index)
+            kept = self._recording.get(index) if self._recording is not None else None
+            if kept is not None and not marker and len(kept) < RECORDED_LINES:
+                kept.append(text.decode("utf-8", "replace"))
         return marker
+
+    def record(self) -> None:
+        """From now on keep the running instances' lines (a stack dump's), up to
+        :data:`RECORDED_LINES` each, until :meth:`recorded`."""
+        with self._lock:
+            self._recording = {index: [] for index in self._last}
+
+    def recorded(self) -> dict[int, list[str]]:
+        """The lines kept since :meth:`record`, per instance running then; stops keeping."""
+        with self._lock:
+            kept, self._recording = self._recording or {}, None
+            return kept
 
     def ended(self, index: int) -> None:
         """Instance ``index`` ended (any way): it is no longer watched, so never hung."""

@@ -255,7 +255,7 @@ def test_include_loop_is_bad_input_naming_file_and_line(lab: Lab) -> None:
 def test_malformed_and_unreadable_configs_are_bad_input(lab: Lab) -> None:
     out = both(lab, "malformed", block("b", lab.bastion) + "  NoSuchOption yes\n", "b")
     assert out.ssh.returncode != 0
-    if MODE["resolver"] == "paramiko":  # the documented difference (docs/ssh.md): ignored, not refused
+    if MODE["resolver"] == "paramiko":  # documented (docs/ssh.md): ignored, not refused
         assert out.poprun.returncode == 0, out.poprun.stderr
     else:
         assert out.poprun.returncode == 2
