@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from poprun_py.core.result import OutputSink, RunOptions
 from poprun_py.errors import Fault, PreflightError, UsageError
-from poprun_py.hostside import private
+from poprun_py.hostside import private, supervision
 from poprun_py.process.progress import MARKERS
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 LAUNCHER_INDEX = -1
 """The index output lines of a whole-job launcher (mpirun, srun) carry when no rank owns them."""
-
-_MAX_LINE = 1 << 20  # a "line" this long without a newline is shown in pieces
 
 
 def prefixed_sink(hosts: Mapping[int, str], launcher: str = "launcher") -> OutputSink:
@@ -125,27 +123,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class LineFeed:
-    """Splits a pipe's bytes into lines for one instance's stream."""
+class LineFeed(supervision.LineFeed):
+    """Splits a pipe's bytes into lines for one instance's stream (the supervision core's rule:
+    a longer "line" than :data:`~poprun_py.hostside.supervision.MAX_LINE` is shown in pieces)."""
 
     def __init__(self, output: Output, index: int, stream: str):
-        self._output, self._index, self._stream = output, index, stream
-        self._pending = b""
-
-    def feed(self, data: bytes) -> None:
-        """Emit every complete line; keep the tail (emitted anyway once it grows too long)."""
-        *lines, self._pending = (self._pending + data).split(b"\n")
-        if lines:
-            self._output.emit_lines(self._index, self._stream, lines)
-        if len(self._pending) > _MAX_LINE:
-            self._output.emit(self._index, self._stream, self._pending)
-            self._pending = b""
-
-    def close(self) -> None:
-        """Emit a last line that had no newline."""
-        if self._pending:
-            self._output.emit(self._index, self._stream, self._pending)
-            self._pending = b""
+        super().__init__(lambda lines: output.emit_lines(index, stream, lines))
 
 
 def write_job_files(job: RenderedJob) -> None:

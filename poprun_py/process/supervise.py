@@ -31,8 +31,9 @@ gets one only until it is reaped, a leftover only while its pid still names the 
 one it led; a reaped child whose group and session are empty is forgotten.
 
 Beside it: what it is given and reports (:class:`Child`, :class:`ChildExit`, :class:`Supervised`,
-:class:`Feed`: :mod:`~poprun_py.process.children`, re-exported here), its descriptor readiness
-(:mod:`~poprun_py.process.poller`), the process tree and spawning
+:class:`Feed`: :mod:`~poprun_py.process.children`, re-exported here), the supervision core it
+shares with the host agent (:mod:`poprun_py.hostside.supervision`: spawning and binding,
+descriptor readiness, pipes and line splitting, the grace period), the process tree
 (:mod:`~poprun_py.process.proctree`), the output lines (:mod:`~poprun_py.process.output`).
 
 Example:
@@ -59,13 +60,11 @@ from dataclasses import dataclass
 
 from poprun_py.hostside.identity import leads
 from poprun_py.hostside.stackdump import dump_in_background
+from poprun_py.hostside.supervision import RUN_ID_VAR, Grace, Launched, Pipe, Poller, Spawner
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
 from poprun_py.process.output import LineFeed, Output
-from poprun_py.process.poller import Pipe, Poller
 from poprun_py.process.proctree import (
-    Launched,
     ProcStat,
-    Spawner,
     adopted_zombies,
     alive,
     boot_ticks,
@@ -74,7 +73,6 @@ from poprun_py.process.proctree import (
     open_pidfd,
     proc_table,
     reap_adopted,
-    send_signal,
     signal_found,
     starttime,
     subreaper,
@@ -94,10 +92,6 @@ __all__ = [
 
 log = logging.getLogger("poprun_py.launch")
 
-RUN_ID_VAR = "POPRUN_RUN_ID"
-"""Set in every child's environment; the sweep uses it to find descendants that escaped."""
-
-_READ_SIZE = 65536
 _POLL_FALLBACK = 0.05
 _DRAIN_TIMEOUT = 1.0
 
@@ -163,7 +157,7 @@ class Supervision:
         def line_feed(child: Child, stream: str) -> Feed:
             return LineFeed(output, child.index, stream)
 
-        self.output, self.grace, self.feeds = output, grace, feeds or line_feed
+        self.output, self.stop, self.feeds = output, Grace(grace), feeds or line_feed
         self.control = control
         self.sel = Poller()
         self.sel.register(control.wake_fd, None)
@@ -179,8 +173,6 @@ class Supervision:
         boot = boot_ticks()  # every child starts at or after this tick
         self.since, self.since_unknown = boot or 0, boot is None
         self.pipes = 0
-        self.stop_at: float | None = None
-        self.killed = False
         self.t0 = time.time()
         self.order: dict[int, int] = {}
         self.forward: Callable[[int], None] = self.signal  # what a forwarded signal does
@@ -232,7 +224,7 @@ class Supervision:
 
     def _spawn_one(self, child: Child) -> _Spawned:
         now = time.time()
-        if self.control.stopping or self.stop_at is not None or self.start_failed:
+        if self.control.stopping or self.stop.kill_at is not None or self.start_failed:
             return child, None, now
         try:
             launched = self.spawner.start(child.argv, child.env, child.cwd, child.cpus, child.mems)
@@ -259,7 +251,7 @@ class Supervision:
             self.since = min(self.since or start, start)
         if pidfd is not None:
             self.sel.register(pidfd, pid)
-        for stream, pipe in (("stdout", launched.out), ("stderr", launched.err)):
+        for stream, pipe in (("stdout", launched.stdout), ("stderr", launched.stderr)):
             self.sel.register(pipe.fileno(), Pipe(pipe, self.feeds(child, stream)))
             self.pipes += 1
 
@@ -286,8 +278,7 @@ class Supervision:
     def _timeout(self, drain_until: float | None) -> float | None:
         now = time.monotonic()
         waits = [_POLL_FALLBACK] if any(p.pidfd is None for p in self.live.values()) else []
-        if self.stop_at is not None and not self.killed:
-            waits.append(max(0.0, self.stop_at - now))
+        waits += self.stop.waits(now)
         if drain_until is not None:
             waits.append(max(0.0, drain_until - now))
         return min(waits) if waits else None
@@ -338,7 +329,7 @@ class Supervision:
                 for line in lines:
                     self.output.emit(index, "stderr", line)
             elif proc is not None and index in request.faulthandler:
-                _signal_child(proc, signal.SIGUSR1, group=proc.child.signal_group)
+                proc.launched.signal(signal.SIGUSR1, proc.child.signal_group)
                 signalled = True
             elif proc is not None:
                 log.warning(
@@ -358,17 +349,12 @@ class Supervision:
         """Send ``signum`` to every live child: its process group, or only itself when it
         forwards signals to what it started (``signal_group`` False: mpirun, srun)."""
         for proc in list(self.live.values()):
-            _signal_child(proc, signum, group=proc.child.signal_group)
+            proc.launched.signal(signum, proc.child.signal_group)
 
     def _read(self, pipe: Pipe) -> None:
-        try:
-            data = os.read(pipe.file.fileno(), _READ_SIZE)
-        except OSError:
-            data = b""
-        if data:
-            pipe.feed.feed(data)
+        if pipe.read():
             return
-        self.sel.unregister(pipe.file.fileno())
+        self.sel.unregister(pipe.fd)
         pipe.close()
         self.pipes -= 1
 
@@ -382,7 +368,7 @@ class Supervision:
         pid = proc.launched.pid
         del self.live[pid]
         self.roots.discard(pid)  # its pid may be anyone's from now on: never signalled again
-        self.reaped[pid] = boot_ticks() or 0
+        self.reaped[pid] = proc.launched.reaped_at or 0
         if proc.pidfd is not None:
             self.sel.unregister(proc.pidfd)
             os.close(proc.pidfd)
@@ -393,22 +379,21 @@ class Supervision:
         self.control.ended(exit_.result())
 
     def _check_stop(self) -> None:
-        if self.control.stopping and self.stop_at is None:
+        if self.control.stopping and self.stop.kill_at is None:
             self._begin_stop()
-        if self.control.kill_now or (self.stop_at is not None and time.monotonic() >= self.stop_at):
+        if self.control.kill_now or self.stop.due(time.monotonic()):
             self._kill_all()
 
     def _begin_stop(self) -> None:
         """SIGTERM every live child (its group, or itself) and every escaped descendant."""
-        if self.stop_at is not None:
+        if not self.stop.begin(time.monotonic()):
             return
-        self.stop_at = time.monotonic() + self.grace
         for proc in list(self.live.values()):  # those that already ended did so on their own
             if proc.launched.poll() is not None:
                 self._reap(proc)
         for proc in self.live.values():
             proc.signalled = True
-            _signal_child(proc, signal.SIGTERM, group=proc.child.signal_group)
+            proc.launched.signal(signal.SIGTERM, proc.child.signal_group)
         found = self._leftovers()
         signal_found({pid: found[pid] for pid in self._escaped(found)}, signal.SIGTERM)
 
@@ -428,12 +413,11 @@ class Supervision:
         return escaped
 
     def _kill_all(self) -> None:
-        if self.killed:
+        if not self.stop.kill():
             return
-        self.killed = True
         for proc in self.live.values():
             proc.signalled = True
-            _signal_child(proc, signal.SIGKILL, group=True)
+            proc.launched.signal(signal.SIGKILL)
         signal_found(self._leftovers(), signal.SIGKILL)
 
     def _leftovers(self) -> dict[int, ProcStat]:
@@ -454,16 +438,16 @@ class Supervision:
         if not found:
             return
         running = alive(set(found))
-        if running and not self.killed:
+        if running and not self.stop.killed:
             signal_found({pid: found[pid] for pid in running}, signal.SIGTERM)
-            deadline = self.stop_at or time.monotonic() + self.grace
+            deadline = self.stop.kill_at or time.monotonic() + self.stop.grace
             while alive(running) and time.monotonic() < deadline:
                 time.sleep(0.01)
                 reap_adopted(set(found))
         self._kill_until_gone()
 
     def _kill_until_gone(self) -> None:
-        deadline = time.monotonic() + max(2.0, self.grace)
+        deadline = time.monotonic() + max(2.0, self.stop.grace)
         while time.monotonic() < deadline:
             found = self._leftovers()
             reap_adopted(set(found))
@@ -485,10 +469,3 @@ class Supervision:
                 data.close()
         self.sel.close()
         self.spawner.close()
-
-
-def _signal_child(proc: _Proc, sig: int, *, group: bool) -> None:
-    """``sig`` to a child (or its process group) unless it was reaped: a reaped pid may be
-    another process's by now."""
-    if not proc.launched.reaped:
-        send_signal(proc.launched.pid, sig, group=group)
