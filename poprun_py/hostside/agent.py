@@ -9,12 +9,12 @@ host: exit 3, nothing started); then requests: commands to run first
 of the job, then control lines. It uses the standard library only and runs on any Python 3.7+
 on Linux.
 
-What it does, with the local backend's rules: writes the job's files (mode 0600); starts every
-instance in its own session, so its process group can be signalled as a whole, bound to its CPUs
-and NUMA nodes when the plan binds it (:mod:`poprun_py.hostside.binding`, inlined into the
-agent's source: no numactl needed), with the instance environment (which therefore never appears
-in any argv); forwards each output line tagged with the instance index; reports each exit at
-once. When every instance has ended it stops what they left behind (their process groups and
+What it does, with the local backend's rules and code (:mod:`poprun_py.hostside.supervision`,
+shipped inside the agent): writes the job's files (mode 0600); starts every instance in its own
+session, so its process group can be signalled as a whole, bound to its CPUs and NUMA nodes when
+the plan binds it (no numactl needed), with the instance environment (which therefore never
+appears in any argv); forwards each output line tagged with the instance index (a line over
+1 MiB in pieces); reports each exit at once. When every instance has ended it stops what they left behind (their process groups and
 sessions, and anything carrying this run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the
 grace period. On ``term`` it stops everything the same way. When poprun-py is gone -- stdin
 closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
@@ -22,8 +22,8 @@ cut off; ``--host-timeout``; not after ``pause``, Ctrl-Z, until poprun-py speaks
 does so on its own. No pid is signalled that may be another process's by then
 (:mod:`poprun_py.hostside.identity`).
 
-The protocol is specified in :mod:`poprun_py.hostside.protocol` (inlined into the agent's
-source with :mod:`poprun_py.hostside.binding`).
+The protocol is specified in :mod:`poprun_py.hostside.protocol` (bundled into the agent's
+source with the modules it imports: :mod:`poprun_py.hostside.bundle`).
 
 Example (the agent run locally, as its tests do)::
 
@@ -41,20 +41,12 @@ import contextlib
 import json
 import os
 import select
-import selectors
 import signal
 import subprocess
 import sys
 import threading
 import time
 
-from poprun_py.hostside.binding import bound  # inlined (the agent ships alone): agent_payload
-from poprun_py.hostside.identity import (  # inlined: agent_payload
-    belonging,
-    boot_ticks,
-    signal_left,
-    signal_same,
-)
 from poprun_py.hostside.private import private_dir, write_private  # inlined: agent_payload
 from poprun_py.hostside.protocol import (  # inlined (the agent ships alone): agent_payload
     DONE,
@@ -92,9 +84,23 @@ from poprun_py.hostside.stackdump import (  # inlined: agent_payload
     dump_trees,
     signal_ranks,
 )
+from poprun_py.hostside.supervision import (  # inlined: agent_payload
+    RUN_ID_VAR,
+    Grace,
+    Launched,
+    LineFeed,
+    Pipe,
+    Poller,
+    Spawner,
+    kill_group_left,
+    left_behind,
+    send_signal,
+    signal_left_behind,
+)
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the agent's start ~6 ms
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 BOOTSTRAP = (
@@ -122,41 +128,47 @@ compiled agent when this Python's bytecode magic is MAGIC (saving the compile, ~
 else the source."""
 
 MIN_PYTHON = (3, 7)  # the oldest python3 the agent runs on (checked by BOOTSTRAP)
-RUN_ID_VAR = "POPRUN_RUN_ID"  # the same name poprun_py.process.supervise uses
 DRAIN = 1.0  # once nothing is left running, how long to wait for the last output
 SCAN_EVERY = 0.05  # while stopping leftovers, how often to look for them in /proc
 MAX_PENDING = 1 << 22  # stop reading instance output while this much waits for the channel
-MAX_LINE = 1 << 16  # a longer line without a newline is forwarded in pieces
 IDLE = 3600.0  # before the job: silence after which poprun-py is taken to be gone (cut off)
 
 
 class _Instance:
-    """One started instance: its process, its open output pipes and their partial lines."""
+    """One started instance: its process, and its open output pipes (fd -> pipe), each line of
+    which goes to ``emit`` as a record tagged with the instance index."""
 
-    def __init__(self, index: int, proc: subprocess.Popen[bytes]) -> None:
-        self.index = index
-        self.proc = proc
-        self.reaped_at: int | None = None  # the clock tick (/proc's) at which it was reaped
-        self.pipes: dict[int, bytes] = {}  # open fd -> record kind (STDOUT or STDERR)
-        self.partial: dict[int, bytes] = {}
+    def __init__(self, index: int, proc: Launched, emit: Callable[[bytes], None]) -> None:
+        self.index, self.proc = index, proc
         self.reported = False
-        for stream, kind in ((proc.stdout, STDOUT), (proc.stderr, STDERR)):
-            if stream is not None:
-                self.pipes[stream.fileno()] = kind
-                self.partial[stream.fileno()] = b""
+        self.pipes: dict[int, Pipe] = {}
+        for file, kind in ((proc.stdout, STDOUT), (proc.stderr, STDERR)):
+            pipe = Pipe(file, LineFeed(self.tagger(kind, emit)))
+            self.pipes[pipe.fd] = pipe
+
+    def tagger(self, kind: bytes, emit: Callable[[bytes], None]) -> Callable[[list[bytes]], None]:
+        """What sends lines of one stream: each as a ``kind`` record of this instance."""
+
+        def send(lines: list[bytes]) -> None:
+            for line in lines:
+                emit(b"%s %d %s" % (kind, self.index, line))
+
+        return send
+
+    @property
+    def reaped_at(self) -> int | None:
+        """The clock tick (/proc's) at which it was reaped, or None."""
+        return self.proc.reaped_at
 
     def poll(self) -> int | None:
         """Its exit code once it has ended (it is reaped then), else None."""
-        code = self.proc.poll()
-        if code is not None and self.reaped_at is None:
-            self.reaped_at = boot_ticks() or 0
-        return code
+        return self.proc.poll()
 
     def signal(self, sig: int) -> None:
         """``sig`` to its group while it is our unreaped child: once reaped, its pid (and group
         id) may be anyone's (its leftovers: :meth:`Agent.leftovers`)."""
         if self.poll() is None:
-            _killpg(self.proc.pid, sig)
+            self.proc.signal(sig)
 
 
 class Agent:
@@ -167,9 +179,11 @@ class Agent:
         self.in_fd, self.out_fd = in_fd, out_fd
         self.heartbeat = float(header.get("heartbeat", 0.5))
         self.liveness = float(header.get("liveness", 0.0))
-        self.grace = float(header.get("grace", 5.0))
-        self.token = f"{RUN_ID_VAR}={header.get('run_id', os.getpid())}".encode()
-        self.sel = selectors.DefaultSelector()
+        self.grace = Grace(float(header.get("grace", 5.0)))
+        run_id = str(header.get("run_id", os.getpid()))
+        self.token = f"{RUN_ID_VAR}={run_id}"
+        self.spawner = Spawner({RUN_ID_VAR: run_id}, new_session=True)
+        self.sel = Poller()
         self.pending = bytearray()
         self.control = bytearray(control)
         self.instances: list[_Instance] = []
@@ -177,7 +191,6 @@ class Agent:
         self.paused = False  # poprun-py said it stops (Ctrl-Z): no silence limit until it speaks
         self.in_open = True  # False once poprun-py cannot hear us (stdin EOF, broken channel)
         self.stopping = False  # SIGTERM sent (asked, orphaned, or every instance ended)
-        self.kill_at: float | None = None
         self.scanned = 0.0
         self.clean_at: float | None = None  # when no leftover was found any more
         self.wake_r, self.wake_w = os.pipe()
@@ -194,8 +207,8 @@ class Agent:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
-        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
-        self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.wake_r, "wake")
+        self.sel.register(self.in_fd, "control")
         failure = self.write_files()
         for spec in self.header.get("instances", []):
             if failure:
@@ -214,21 +227,21 @@ class Agent:
         """Start one instance in its own session, with its environment over the agent's, bound
         to its ``cpus`` and its memory to NUMA nodes ``mems`` when given (the agent binds itself
         around the start; the instance inherits the binding)."""
-        env = {**(spec.get("env") or {}), RUN_ID_VAR: self.token.decode().partition("=")[2]}
+        env, cwd = spec.get("env") or {}, spec.get("cwd") or None
         try:
-            with bound(spec.get("cpus") or (), spec.get("mems") or ()):
-                proc = popen_in_session(spec["argv"], env, spec.get("cwd"), subprocess.DEVNULL)
+            cpus, mems = spec.get("cpus") or (), spec.get("mems") or ()
+            proc = self.spawner.start(spec["argv"], env, cwd, cpus, mems)
         except OSError as exc:
             what = str(spec["argv"][0] if exc.filename is None else exc.filename)
             why = f"cannot start {what!r}: {exc.strerror or exc}"
             self.emit(record(FAILED, spec["index"], why.encode()))
             return
-        inst = _Instance(int(spec["index"]), proc)
+        inst = _Instance(int(spec["index"]), proc, self.emit)
         self.instances.append(inst)
         self.emit(record(STARTED, inst.index, proc.pid))
-        for fd in inst.pipes:
+        for fd, pipe in inst.pipes.items():
             os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, inst)
+            self.sel.register(fd, (inst, pipe))
 
     # ------------------------------------------------------------ the loop
 
@@ -236,19 +249,20 @@ class Agent:
         """Supervise until the host's job is over and its records are sent (or nobody listens)."""
         while not self.finished(time.monotonic()):
             timeout = max(0.0, min(self.deadlines()) - time.monotonic())
-            for key, _ in self.sel.select(timeout):
-                if key.data == "wake":
+            for data in self.sel.ready(timeout):
+                if data == "wake":
                     self.drain_wakeups()
-                elif key.data == "control":
+                elif data == "control":
                     self.read_control()
-                elif key.data == "out":
+                elif data == "out":
                     self.flush()
                 else:
-                    self.read_pipe(key.data, key.fd)
+                    self.read_pipe(*data)
             self.tick(time.monotonic())
         for inst in self.instances:
-            for fd in list(inst.pipes):
-                self.close_pipe(inst, fd)
+            for pipe in list(inst.pipes.values()):
+                self.close_pipe(inst, pipe)
+        self.spawner.close()
         self.emit(DONE)
         if self.in_open:
             os.set_blocking(self.out_fd, True)
@@ -265,11 +279,10 @@ class Agent:
 
     def deadlines(self) -> list[float]:
         """Times at which the loop must wake even without input."""
-        times = [self.sent + self.heartbeat]
+        now = time.monotonic()
+        times = [self.sent + self.heartbeat] + [now + w for w in self.grace.waits(now)]
         if self.listening():
             times.append(self.heard + self.liveness)
-        if self.kill_at is not None:
-            times.append(self.kill_at)
         if self.stopping and self.clean_at is None:
             times.append(self.scanned + SCAN_EVERY)
         if self.clean_at is not None:
@@ -287,9 +300,8 @@ class Agent:
             self.in_open = False  # cut off: nobody hears us, and our output would only pile up
             self.pending.clear()
             self.stop()
-        if self.kill_at is not None and now >= self.kill_at:
+        if self.grace.due(now) and self.grace.kill():
             self.signal_all(signal.SIGKILL)
-            self.kill_at = None
         if self.stopping and self.clean_at is None and now - self.scanned >= SCAN_EVERY:
             self.scanned = now
             if all(inst.reported for inst in self.instances) and not self.leftovers():
@@ -409,34 +421,17 @@ class Agent:
             if not inst.reported:
                 inst.signal(sig)
 
-    def read_pipe(self, inst: _Instance, fd: int) -> None:
-        """Forward the complete lines of one instance pipe."""
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close_pipe(inst, fd)
-            return
-        lines = (inst.partial[fd] + data).split(b"\n")
-        inst.partial[fd] = lines.pop()
-        if len(inst.partial[fd]) > MAX_LINE:
-            lines.append(inst.partial[fd])
-            inst.partial[fd] = b""
-        kind = inst.pipes[fd]
-        for line in lines:
-            self.emit(b"%s %d %s" % (kind, inst.index, line))
+    def read_pipe(self, inst: _Instance, pipe: Pipe) -> None:
+        """Forward the complete lines of one instance pipe (the last one at its end)."""
+        if not pipe.read():
+            self.close_pipe(inst, pipe)
 
-    def close_pipe(self, inst: _Instance, fd: int) -> None:
+    def close_pipe(self, inst: _Instance, pipe: Pipe) -> None:
         """Send a pipe's last partial line and close it."""
-        kind = inst.pipes.pop(fd)
-        if inst.partial.get(fd):
-            self.emit(b"%s %d %s" % (kind, inst.index, inst.partial[fd]))
-        if fd in self.sel.get_map():
-            self.sel.unregister(fd)
-        os.close(fd)
+        del inst.pipes[pipe.fd]
+        if pipe.fd in self.sel.data:
+            self.sel.unregister(pipe.fd)
+        pipe.close()
 
     # ------------------------------------------------------------ output
 
@@ -463,19 +458,19 @@ class Agent:
 
     def update_interest(self) -> None:
         """Watch the channel while output waits; stop reading pipes while too much waits."""
-        registered = self.sel.get_map()
+        registered = self.sel.data
         want_out = bool(self.pending) and self.in_open
         if want_out and self.out_fd not in registered:
-            self.sel.register(self.out_fd, selectors.EVENT_WRITE, "out")
+            self.sel.register(self.out_fd, "out", write=True)
         elif not want_out and self.out_fd in registered:
             self.sel.unregister(self.out_fd)
         paused = len(self.pending) > MAX_PENDING
         for inst in self.instances:
-            for fd in inst.pipes:
+            for fd, pipe in inst.pipes.items():
                 if paused and fd in registered:
                     self.sel.unregister(fd)
                 elif not paused and fd not in registered:
-                    self.sel.register(fd, selectors.EVENT_READ, inst)
+                    self.sel.register(fd, (inst, pipe))
 
     # ------------------------------------------------------------ stopping
 
@@ -491,17 +486,14 @@ class Agent:
         a pid reaped meanwhile may be anyone's)."""
         for inst in self.instances:
             inst.signal(sig)
-        for ident in self.leftovers():
-            signal_same(ident, sig)
-        if sig == signal.SIGTERM and self.kill_at is None:
-            self.kill_at = time.monotonic() + self.grace
+        signal_left_behind(self.leftovers(), sig)
+        if sig == signal.SIGTERM:
+            self.grace.begin(time.monotonic())
 
     def leftovers(self) -> list[tuple[int, int]]:
         """(pid, start time) of every live process in an instance's group or session -- a
         reaped one's only while it still leads it -- or carrying this run's id."""
-        live = [i.proc.pid for i in self.instances if i.reaped_at is None]
-        reaped = {i.proc.pid: i.reaped_at for i in self.instances if i.reaped_at is not None}
-        return belonging(live, reaped, self.token)
+        return left_behind([i.proc for i in self.instances], self.token)
 
 
 def write_files(items: list[dict[str, str]]) -> str:
@@ -516,12 +508,6 @@ def write_files(items: list[dict[str, str]]) -> str:
         except OSError as exc:
             return f"cannot write {path}: {exc.strerror or exc}"
     return ""
-
-
-def _killpg(pid: int, sig: int) -> None:
-    """``sig`` to process group ``pid`` (callers make sure that it is still ours)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
@@ -548,22 +534,6 @@ def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
             _write_all(1, REPLY + b" " + json.dumps(answer).encode() + b"\n")
 
 
-def popen_in_session(
-    argv: list[str], env: dict[str, str], cwd: str | None, stdin: int
-) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a session of its own (its process group can be signalled as a whole),
-    with ``env`` over the agent's environment and its output piped; OSError if it cannot."""
-    return subprocess.Popen(
-        argv,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-        cwd=cwd or None,
-        start_new_session=True,
-    )
-
-
 def put_request(request: dict[str, Any]) -> dict[str, Any]:
     """Write the request's ``files``; the reply's ``error`` is '' or what went wrong."""
     return {"id": request.get("id"), "error": write_files(request.get("files") or [])}
@@ -573,8 +543,16 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Run one command to the end (its own session, killed at its timeout); its outcome."""
     reply: dict[str, Any] = {"id": request.get("id"), "timeout": False}
     try:
-        env, cwd = request.get("env") or {}, request.get("cwd")
-        proc = popen_in_session(request["argv"], env, cwd, subprocess.PIPE)
+        env, cwd = request.get("env") or {}, request.get("cwd") or None
+        proc = subprocess.Popen(
+            request["argv"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **env},
+            cwd=cwd,
+            start_new_session=True,  # its process group can be signalled as a whole
+        )
     except OSError as exc:
         return {**reply, "code": 127, "stdout": "", "stderr": f"{request['argv'][0]}: {exc}"}
     stdin = (request.get("stdin") or "").encode("utf-8", "surrogateescape")
@@ -582,10 +560,10 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         out, err = proc.communicate(stdin, timeout=request.get("timeout"))
     except subprocess.TimeoutExpired:
         if proc.returncode is None:  # not reaped: its group is still its own
-            _killpg(proc.pid, signal.SIGKILL)
+            send_signal(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         reply["timeout"] = True
-    signal_left(proc.pid, boot_ticks() or 0, signal.SIGKILL)  # nothing it started outlives it
+    kill_group_left(proc.pid)  # nothing it started outlives it
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     text = {"stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
     return {**reply, "code": code, **text}
