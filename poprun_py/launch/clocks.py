@@ -144,8 +144,7 @@ class Clocks:
         self._wait_for_dumps()
         dumps = self.progress.recorded()
         self.hang = stacks.verdict({i: dumps.get(i, []) for i in running}, self.hosts)
-        for line in stacks.describe(self.hang):
-            log.warning("%s", line)
+        log.warning("%s", "\n".join(stacks.describe(self.hang)))  # the groups under it
 
     def _wait_for_dumps(self) -> None:
         """Until the runner says the stacks were dumped (at most :data:`DUMP_LIMIT` seconds),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import re
@@ -60,19 +61,45 @@ while True:
 """
 
 HANG_IN_A_FUNCTION = """
-import os, time
+import os, threading, time
 import poprun_py.dist
 
 def wait_for_the_loader():
     time.sleep(300)  # hung: no output, no heartbeat
 
+def all_reduce():
+    while True:
+        time.sleep(0.2)  # waiting for rank 2, but alive: a heartbeat thread
+
+def beat():
+    while True:
+        poprun_py.dist.heartbeat()
+        time.sleep(0.2)
+
 print("start", flush=True)
 if os.environ["RANK"] == "2":
     wait_for_the_loader()
-while True:
-    poprun_py.dist.heartbeat()
-    time.sleep(0.2)
+threading.Thread(target=beat, daemon=True).start()
+all_reduce()
 """
+VERDICT = r"hang verdict: 3 of 4 ranks wait in all_reduce \(hang\.py:10\); rank 2 on (\S+) is in "
+VERDICT += r"wait_for_the_loader \(hang\.py:6\)$"
+"""The hang's verdict: the odd rank named, on its host (stderr, and hang.json in the logs)."""
+
+
+def assert_verdict(err: str, logs: Path, host: str) -> None:
+    found = re.search(VERDICT, err, re.M)
+    assert found and found.group(1) == host, err
+    hang = json.loads((logs / "hang.json").read_text())
+    assert hang["verdict"] in err and hang["ranks"] == 4 and hang["no_stacks"] == []
+    odd, most = hang["groups"]
+    assert (odd["ranks"], odd["hosts"], odd["where"]) == (
+        [2],
+        [host],
+        "wait_for_the_loader (hang.py:6)",
+    )
+    assert most["ranks"] == [0, 1, 3] and most["where"] == "all_reduce (hang.py:10)"
+
 
 FAIL_FIRST = 'echo "attempt $POPRUN_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT $RANK"; '
 
@@ -310,6 +337,7 @@ def test_a_hang_is_caught_with_every_stack_in_the_logs(
     hung_log = (logs / "instance-2.log").read_text()
     assert re.search(r"^ +wait_for_the_loader \(hang\.py:6\)$", hung_log, re.M), hung_log
     assert re.search(r":2\] +wait_for_the_loader \(hang\.py:6\)$", err, re.M)  # on stderr
+    assert_verdict(err, logs, hung)
     only_sshd(test_cluster_4)  # py-spy included
 
 
@@ -514,4 +542,5 @@ def test_a_hung_slurm_step_has_every_stack_in_the_logs(
         assert re.search(r":2\] +wait_for_the_loader \(hang\.py:6\)$", err, re.M)  # stderr
     else:
         assert "line 6 in wait_for_the_loader" in hung_log, hung_log
+    assert_verdict(err, logs, re.findall(r"instance 2 on (\S+) hung", err)[0])
     assert squeue_empty(slurm_env)  # the dump step included
