@@ -63,11 +63,11 @@ DEFAULT_GRACE = 5.0
 
 
 @app.command("jobs")
-@o.ssh_flags("jobs")
+@o.takes("jobs")
 def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
-    hosts: o.Hosts = None,
-    cluster: o.Cluster = None,
-    fmt: o.Format = "table",
+    hosts: str | None = None,
+    cluster: str | None = None,
+    fmt: str = "table",
     ssh: o.Ssh = o.SSH_HERE,
     prune: Prune = False,
     older_than: OlderThan = None,
@@ -134,12 +134,13 @@ def _print_table(records: list[JobRecord]) -> None:
 
 
 @app.command("logs")
+@o.takes("logs")
 def logs_cmd(
     job_id: JobId,
     follow: Follow = False,
     instance: Instance = None,
-    hosts: o.Hosts = None,
-    cluster: o.Cluster = None,
+    hosts: str | None = None,
+    cluster: str | None = None,
 ) -> None:
     """Print a detached job's output, tagged as an attached launch prints it (-f: follow it
     until the job ends; Ctrl-C stops the following, not the job)."""
@@ -199,7 +200,8 @@ class _TaggedWriter:
 
 
 @app.command("stop")
-def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
+@o.takes("stop")
+def stop_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
     """Stop a detached job on every host (TERM, KILL after its grace period); stopping a job
     that has ended does nothing."""
     from poprun_py.jobs.finder import record_of
@@ -215,7 +217,8 @@ def stop_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) ->
 
 
 @app.command("wait")
-def wait_cmd(job_id: JobId, hosts: o.Hosts = None, cluster: o.Cluster = None) -> None:
+@o.takes("wait")
+def wait_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
     """Wait for a detached job to end; exit with its exit code."""
     from poprun_py.jobs.finder import job_host, record_of
     from poprun_py.jobs.record import check_job_id

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
@@ -38,93 +38,50 @@ _RETAINED: list[object] = []
 files is released with the process instead of one object at a time."""
 
 
+_OUTPUT = ("fmt", "dry_run", "output_dir", "only_output_from_instance")
+
+
 def _command(mode: str) -> Callable[..., None]:
     """Build the command function for ``mode`` (plan | render | launch); same options for all."""
 
-    @o.ssh_flags(mode)
-    def command(  # noqa: PLR0917 - typer maps every option to a parameter
-        ctx: typer.Context,
-        program: o.Program = None,
-        hosts: o.Hosts = None,
-        cluster: o.Cluster = None,
-        replicas: o.Replicas = None,
-        instances: o.Instances = None,
-        devices_per_replica: o.DevicesPerReplica = None,
-        numa_aware: o.NumaAware = None,
-        group_size: o.GroupSize = None,
-        inputs: o.Inputs = None,
-        eval_pad: o.EvalPad = None,
-        strict_shards: o.StrictShards = None,
-        env: o.Env = None,
-        backend: o.Backend = None,
-        workdir: o.Workdir = None,
-        master_port: o.MasterPort = None,
-        mpi_args: o.MpiArgs = None,
-        templates: o.Templates = None,
-        grace_period: o.GracePeriod = None,
-        host_timeout: o.HostTimeout = None,
-        ssh: o.Ssh = o.SSH_HERE,  # the SSH flags (LaunchOptions takes them by name too)
-        sync: o.Sync = False,
-        fmt: o.Format = "table",
-        output_dir: o.OutputDir = None,
-        only_output_from_instance: o.OnlyOutputFrom = None,
-        dry_run: o.DryRun = False,
-        keep_job_dir: o.KeepJobDir = False,
-        print_topology: o.PrintTopology = False,
-        slurm_time: o.SlurmTime = None,
-        slurm_partition: o.SlurmPartition = None,
-        slurm_account: o.SlurmAccount = None,
-        network: o.Network = None,
-        device_env: o.DeviceEnv = None,
-        nic_affinity: o.NicAffinity = None,
-        exclude: o.Exclude = None,
-        check: o.Check = False,
-        check_timeout: o.CheckTimeout = 5.0,
-        check_torch: o.CheckTorch = False,
-        max_restarts: lr.MaxRestarts = None,
-        restart_delay: lr.RestartDelay = None,
-        timeout: lr.Timeout = None,
-        hang_timeout: lr.HangTimeout = None,
-        spare_hosts: lr.SpareHosts = None,
-        detach: lr.Detach = False,
-        up: onekey.Up = False,
-        down: onekey.Down = False,
-        yes: onekey.Yes = False,
-    ) -> None:
+    @o.takes(mode)
+    def command(ctx: typer.Context, **given: Any) -> None:  # every option of o.OPTIONS
+        fmt, dry_run, output_dir, only = (given[k] for k in _OUTPUT)
         opts = option_model.launch_options(ctx.params)  # every field, by its name
         if fmt not in ("table", "json"):
             raise UsageError(f"--format must be table or json, got {fmt!r}")
         if mode == "launch" and not opts.program:
             raise UsageError("launch needs a PROGRAM to run")
-        if only_output_from_instance is not None and only_output_from_instance < 0:
+        if only is not None and only < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
-        with onekey.cycle(opts, onekey.OneKey(up, down, yes, detach), mode, dry_run) as opts:
+        one_key = onekey.OneKey(given["up"], given["down"], given["yes"], given["detach"])
+        with onekey.cycle(opts, one_key, mode, dry_run) as opts:
             prep = prepare(opts)
             _RETAINED.append(prep)  # freed with the process, not object by object
             gc.freeze()  # the plan lives as long as the process: keep the collector off it
             if mode == "plan":
                 show_plan(prep.plan, fmt)
                 return
+            values = option_model.option_values(ctx.params, opts)
             if mode == "render" or dry_run:
-                values = option_model.option_values(ctx.params, opts)
-                batch = functools.partial(launch_argv, ctx.command, values)
+                batch = functools.partial(option_model.batch_argv, values)
                 _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
                 return
-            if mode == "check" or check:
+            if mode == "check" or given["check"]:
                 stream = sys.stdout if mode == "check" else sys.stderr
-                _check(
-                    prep, check_timeout, check_torch, stream, fmt if mode == "check" else "table"
-                )
+                timeout, torch = given["check_timeout"], given["check_torch"]
+                _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
                 if mode == "check":
                     return
-            if print_topology:
+            if given["print_topology"]:
                 show_plan(prep.plan, "table")
-            if detach:
-                values = option_model.option_values(ctx.params, opts)
-                cli = option_model.detached_cli(ctx.command, values)
-                _detach(prep, fmt, output_dir, sync or up, cluster if down else None, cli=cli)
+            sync = given["sync"] or one_key.up
+            if one_key.detach:
+                down = given["cluster"] if one_key.down else None
+                cli = option_model.detached_cli(values)
+                _detach(prep, fmt, output_dir, sync, down, cli=cli)
                 return
-            _launch(prep, output_dir, only_output_from_instance, sync or up, keep=keep_job_dir)
+            _launch(prep, output_dir, only, sync, keep=given["keep_job_dir"])
 
     command.__name__ = mode
     command.__doc__ = {
@@ -208,16 +165,6 @@ def _show_rendered(
     sys.stdout.write(format_job(job, masked=True))
     if with_plan:
         sys.stderr.write("dry run: nothing was started\n")
-
-
-def launch_argv(
-    command: "option_model.Command", values: "Mapping[str, object]", with_hosts: bool
-) -> list[str]:
-    """``python -m poprun_py launch --backend slurm ...``, the Slurm batch job's body: every
-    option of ``command`` with its value in ``values`` (:func:`option_model.batch_argv`);
-    ``--hosts`` too ``with_hosts`` (the backend's batch job asks for those very nodes), else
-    the hosts are the allocation's."""
-    return option_model.batch_argv(command, values, with_hosts=with_hosts)
 
 
 def _detach(

@@ -1,7 +1,8 @@
-"""The long-run options of ``launch`` (restarts, spares, clocks) and how a restarted job's
-attempts are told on stderr: each restart as it happens (:func:`announcing`: ``attempt 0
-failed: ROOT CAUSE; restarting (1/2) in 5 s``, then ``attempt 1 running (restart 1/2)``), and
-every attempt again in the summary at the end (:func:`attempt_lines`).
+"""How a restarted job's attempts are told on stderr: each restart as it happens
+(:func:`announcing`: ``attempt 0 failed: ROOT CAUSE; restarting (1/2) in 5 s``, then ``attempt 1
+running (restart 1/2)``), and every attempt again in the summary at the end
+(:func:`attempt_lines`). Its options (restarts, spares, clocks) are in
+:data:`poprun_py.cli.options.OPTIONS`.
 
 Example:
 
@@ -27,55 +28,10 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Optional, TextIO
-
-import typer
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from poprun_py.core.result import LaunchResult
-
-H_LONG = "Long runs"
-
-MaxRestarts = Annotated[
-    Optional[int],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--max-restarts",
-        rich_help_panel=H_LONG,
-        help="Restart the whole job up to N times after a failure (an instance failed, a host "
-        "was lost, a hang, the time limit); never after Ctrl-C/SIGTERM. Instances see "
-        "POPRUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT (default: spec, else 0).",
-    ),
-]
-RestartDelay = Annotated[
-    Optional[float],  # noqa: UP045
-    typer.Option("--restart-delay", rich_help_panel=H_LONG, help="Seconds before a restart."),
-]
-Timeout = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--timeout",
-        rich_help_panel=H_LONG,
-        help="Stop an attempt running longer than this (90s, 45m, 2h): 'timed out', exit 124.",
-    ),
-]
-HangTimeout = Annotated[
-    Optional[float],  # noqa: UP045
-    typer.Option(
-        "--hang-timeout",
-        rich_help_panel=H_LONG,
-        help="An instance without output (or poprun_py.dist.heartbeat()) for S seconds is "
-        "hung: its stacks are dumped into the logs, then the job stops (exit 124).",
-    ),
-]
-SpareHosts = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--spare-hosts",
-        rich_help_panel=H_LONG,
-        help="Hosts held back to replace a lost one on a restart: host syntax, or N (the last "
-        "N hosts given). Default: the spec's spares.",
-    ),
-]
 
 
 def describe(result: LaunchResult) -> str:
@@ -131,15 +87,3 @@ def attempt_lines(result: LaunchResult) -> list[str]:
     if result.restart_failed:
         lines.append(result.restart_failed)
     return lines
-
-
-Detach = Annotated[
-    bool,
-    typer.Option(
-        "--detach",
-        rich_help_panel=H_LONG,
-        help="Hand the job to a supervisor on its first host (this machine for --backend "
-        "local) and return once every instance runs, printing the job id; the job keeps every "
-        "rule without this client. See `jobs`, `logs`, `stop`, `wait`.",
-    ),
-]

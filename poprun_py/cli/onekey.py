@@ -24,9 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from poprun_py.errors import PoprunError, ProvisionError, UsageError
 
@@ -34,36 +32,6 @@ if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.prepare.job import LaunchOptions
     from poprun_py.providers.base import Provider
-
-H_ONE_KEY = "Provisioning"
-
-Up = Annotated[
-    bool,
-    typer.Option(
-        "--up",
-        rich_help_panel=H_ONE_KEY,
-        help="Bring the -c spec's provider: cluster up first (reused when it is up), push the "
-        "program's directory (--sync), and launch on its hosts.",
-    ),
-]
-Down = Annotated[
-    bool,
-    typer.Option(
-        "--down",
-        rich_help_panel=H_ONE_KEY,
-        help="With --up: remove the cluster when the job ends (succeeded, failed or "
-        "interrupted); the exit code stays the job's.",
-    ),
-]
-Yes = Annotated[
-    bool,
-    typer.Option(
-        "--yes",
-        "-y",
-        rich_help_panel=H_ONE_KEY,
-        help="With --up: do not ask before creating machines that cost money.",
-    ),
-]
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
-"""Option declarations shared by ``plan``, ``render`` and ``launch`` (typer ``Annotated``
-aliases), and the SSH option group every remote command takes (:data:`SSH_FLAGS`,
-:func:`ssh_flags`, :func:`ssh_options`).
+"""Every option of ``plan``, ``render``, ``launch`` and ``check``, and the options other commands
+share with them (the SSH group, ``--hosts``, ``--cluster``, ``--format``), each described once
+in :data:`OPTIONS`: name, flags, type, default, help, cluster spec key, the commands that take
+it, and how it passes into the Slurm batch job and a detached job's record. Commands take them
+with :func:`takes`; :mod:`poprun_py.cli.option_model` derives the rest, and
+:mod:`poprun_py.cli.reference` the reference (docs/cli.md).
 
 Example:
 
-    >>> from poprun_py.cli.options import SSH_FLAGS, Hosts, ssh_options
-    >>> Hosts.__metadata__[0].param_decls
-    ('--hosts', '-H')
+    >>> from poprun_py.cli.options import OPTIONS, SSH_FLAGS, ssh_options
+    >>> OPTIONS["hosts"].decls, OPTIONS["host_timeout"].spec_key
+    (('--hosts', '-H'), 'defaults.host_timeout')
     >>> [f.decls[0] for f in SSH_FLAGS if "jobs" in f.commands]
     ['--connect-timeout', '--known-hosts', '--ssh-config', '--identity', '--user']
     >>> ssh = ssh_options({"user": "ops", "hosts": "h1", "connect_timeout": 3.0})
@@ -20,432 +23,278 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union, get_args
 
 import typer
 
 from poprun_py.core.spec import SshOptions
 
-H_SIZE = "Sizes"
-H_HOSTS = "Hosts"
-H_RUN = "Running"
-H_OUT = "Output"
-
-Program = Annotated[
-    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Argument(help="The program and its arguments; everything after PROGRAM is passed on."),
-]
-Hosts = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--hosts",
-        "-H",
-        rich_help_panel=H_HOSTS,
-        help="Hosts: h1,h2 | node[01-16] | @hostfile ('host slots=N'). Default: the cluster "
-        "spec's hosts, else the Slurm allocation, else localhost.",
-    ),
-]
-Cluster = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--cluster", "-c", rich_help_panel=H_HOSTS, help="Cluster spec YAML file."),
-]
-Replicas = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--replicas",
-        "-r",
-        rich_help_panel=H_SIZE,
-        help="Total replicas (default: one per instance).",
-    ),
-]
-Instances = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--instances",
-        "-n",
-        rich_help_panel=H_SIZE,
-        help="Total instances (default: hostfile slots, else one per host).",
-    ),
-]
-DevicesPerReplica = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--devices-per-replica",
-        "-d",
-        rich_help_panel=H_SIZE,
-        help="Devices per replica (default 1).",
-    ),
-]
-NumaAware = Annotated[
-    Optional[bool],  # noqa: UP045
-    typer.Option(
-        "--numa-aware/--no-numa-aware",
-        rich_help_panel=H_SIZE,
-        help="Bind instances to their share of each host's NUMA nodes (default on).",
-    ),
-]
-GroupSize = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--group-size",
-        "-g",
-        rich_help_panel=H_SIZE,
-        help="Replica groups of this size, kept within a host when possible.",
-    ),
-]
-Inputs = Annotated[
-    Optional[list[str]],  # noqa: UP045
-    typer.Option(
-        "--input",
-        "-i",
-        rich_help_panel=H_SIZE,
-        help="Input files: a glob (repeatable), a directory (every file under it) or @manifest "
-        "('path [size]' lines).",
-    ),
-]
-StrictShards = Annotated[
-    Optional[bool],  # noqa: UP045
-    typer.Option(
-        "--strict-shards/--no-strict-shards",
-        rich_help_panel=H_SIZE,
-        help="Refuse (exit 2) input shards the plan notes as uneven: an instance with no "
-        "files, or the largest shard over 2x the smallest (default: the spec's, else off).",
-    ),
-]
-EvalPad = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--eval-pad",
-        rich_help_panel=H_SIZE,
-        metavar="BATCH",
-        help="Pad inputs so every instance gets the same number of whole batches.",
-    ),
-]
-Env = Annotated[
-    Optional[list[str]],  # noqa: UP045
-    typer.Option(
-        "--env",
-        "-e",
-        rich_help_panel=H_RUN,
-        help="KEY=VALUE for every instance (repeatable); KEY alone passes the caller's "
-        "value as a secret, never printed.",
-    ),
-]
-Backend = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--backend",
-        "-b",
-        rich_help_panel=H_RUN,
-        help="local | ssh | mpirun | mpiexec | slurm (default: local when every host is this "
-        "machine, slurm inside an allocation, else ssh).",
-    ),
-]
-Workdir = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--workdir", rich_help_panel=H_RUN, help="Working directory of every instance."),
-]
-MasterPort = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--master-port",
-        rich_help_panel=H_RUN,
-        help="MASTER_PORT (default: a free port locally, 29500 on remote hosts).",
-    ),
-]
-MpiArgs = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--mpi-args",
-        rich_help_panel=H_RUN,
-        help="Extra launcher options (mpirun, mpiexec, srun), as one string (split like a "
-        "shell would).",
-    ),
-]
-Templates = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--templates",
-        rich_help_panel=H_RUN,
-        help="Directory of Jinja2 templates overriding the packaged ones by name.",
-    ),
-]
-GracePeriod = Annotated[
-    Optional[float],  # noqa: UP045
-    typer.Option(
-        "--grace-period",
-        rich_help_panel=H_RUN,
-        help="Seconds between SIGTERM and SIGKILL when stopping instances (default 5).",
-    ),
-]
-HostTimeout = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--host-timeout",
-        rich_help_panel=H_RUN,
-        help="A host silent this long (90s, 45m, 2h, or seconds) is lost, and its agent stops "
-        "its instances when poprun-py is silent this long (default: the spec's, else 3m). A "
-        "closed connection is noticed at once.",
-    ),
-]
-H_SSH = "SSH"
+H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
+H_HW, H_SLURM, H_LONG, H_ONE_KEY = "Hardware and network", "Slurm", "Long runs", "Provisioning"
 LAUNCHING = ("plan", "render", "launch", "check")
 REMOTE = (*LAUNCHING, "exec", "sync")
 EVERY = (*REMOTE, "jobs", "up", "down")
+TARGETING = (*REMOTE, "jobs", "logs", "stop", "wait")
+"""Commands naming their hosts with ``--hosts``/``--cluster``."""
+
+Str = Optional[str]  # noqa: UP045 - typer needs Optional on 3.10
+Int = Optional[int]  # noqa: UP045
+Float = Optional[float]  # noqa: UP045
+Bool = Optional[bool]  # noqa: UP045 - --x/--no-x: None when neither is given
+Strs = Optional[list[str]]  # noqa: UP045 - repeatable
 
 
 @dataclass(frozen=True)
-class SshFlag:
-    """One SSH flag: its parameter name (the :class:`SshOptions` field it fills), how it is
-    declared, its type, default and help, the cluster spec key it comes before, and the
-    commands that take it."""
+class Flag:
+    """One option: its parameter name, flags (none: the ``PROGRAM`` argument), type, default,
+    help panel and help; the cluster spec key it comes before; the commands that take it;
+    why the Slurm batch job's ``launch`` does not get it (``batch``) and why a detached job's
+    record leaves it out (``detach``), empty when they do; ``field``: it is a
+    :class:`~poprun_py.prepare.job.LaunchOptions` field (else the record's ``cli`` part);
+    ``path``: ``"path"`` or ``"@"`` (a path after ``@``) is made absolute when passed on."""
 
     name: str
     decls: tuple[str, ...]
     type: Any
     default: Any
+    panel: str | None
     help: str
-    spec_key: str | None
-    commands: tuple[str, ...] = EVERY
+    spec_key: str | None = None
+    commands: tuple[str, ...] = LAUNCHING
+    batch: str = ""
+    detach: str = ""
+    field: bool = True
+    metavar: str | None = None
+    path: str = ""
 
     @property
     def annotated(self) -> Any:
-        """The typer parameter: ``Annotated[type, typer.Option(...)]``, in the SSH panel."""
-        option = typer.Option(*self.decls, rich_help_panel=H_SSH, help=self.help)
+        """The typer parameter: ``Annotated[type, typer.Option(...)]`` (or ``Argument``)."""
+        if not self.decls:
+            return Annotated[self.type, typer.Argument(help=self.help)]
+        option = typer.Option(
+            *self.decls, rich_help_panel=self.panel, help=self.help, metavar=self.metavar
+        )
         return Annotated[self.type, option]
 
+    @property
+    def base(self) -> Any:
+        """The type without ``Optional``: ``int``, ``bool``, ``list[str]``..."""
+        args = [a for a in get_args(self.type) if a is not type(None)]
+        return args[0] if args and getattr(self.type, "__origin__", None) is Union else self.type
 
-SSH_FLAGS = (
-    SshFlag(
-        "connect_timeout",
-        ("--connect-timeout",),
-        Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
-        None,
-        "SSH connect timeout in seconds (default: the cluster spec's, else 10).",
-        "defaults.connect_timeout",
-    ),
-    SshFlag(
-        "accept_new_host_keys",
-        ("--accept-new-host-keys",),
-        bool,
-        False,
-        "Record unknown SSH host keys (a changed key is always refused).",
-        None,
-        REMOTE,  # up and down have their own: the provider's trust in fresh static nodes
-    ),
-    SshFlag(
-        "known_hosts",
-        ("--known-hosts",),
-        Optional[str],  # noqa: UP045
-        None,
-        "Extra known_hosts file (default: the cluster spec's, then ~/.ssh).",
-        "ssh.known_hosts",
-    ),
-    SshFlag(
-        "ssh_config",
-        ("--ssh-config",),
-        Optional[str],  # noqa: UP045
-        None,
-        "ssh_config file (default: the cluster spec's, else ~/.ssh/config).",
-        "ssh.ssh_config",
-    ),
-    SshFlag(
-        "identity",
-        ("--identity",),
-        Optional[str],  # noqa: UP045
-        None,
-        "Private key for hosts that name none.",
-        None,
-    ),
-    SshFlag(
-        "user",
-        ("--user", "-l"),
-        Optional[str],  # noqa: UP045
-        None,
-        "Login user for hosts that name none.",
-        None,
-    ),
+    @property
+    def many(self) -> bool:
+        """Repeatable: a list given, a tuple in LaunchOptions."""
+        return getattr(self.base, "__origin__", None) is list
+
+
+# fmt: off
+_ENTRIES = (
+    Flag("program", (), Strs, None, None, "The program and its arguments; everything after "
+         "PROGRAM is passed on.", batch="it goes last, after '--'"),
+    Flag("hosts", ("--hosts", "-H"), Str, None, H_HOSTS, "Hosts: h1,h2 | node[01-16] | "
+         "@hostfile ('host slots=N'). Default: the cluster spec's hosts, else the Slurm "
+         "allocation, else localhost.", "hosts", TARGETING, path="@",
+         batch="passed on only when the batch job asks for those very nodes (--nodelist); "
+         "otherwise the allocation's nodes are the hosts"),
+    Flag("cluster", ("--cluster", "-c"), Str, None, H_HOSTS, "Cluster spec YAML file.",
+         commands=TARGETING, path="path"),
+    Flag("replicas", ("--replicas", "-r"), Int, None, H_SIZE, "Total replicas (default: one "
+         "per instance).", "defaults.replicas"),
+    Flag("instances", ("--instances", "-n"), Int, None, H_SIZE, "Total instances (default: "
+         "hostfile slots, else one per host).", "defaults.instances"),
+    Flag("devices_per_replica", ("--devices-per-replica", "-d"), Int, None, H_SIZE, "Devices "
+         "per replica (default 1).", "defaults.devices_per_replica"),
+    Flag("numa_aware", ("--numa-aware/--no-numa-aware",), Bool, None, H_SIZE, "Bind instances "
+         "to their share of each host's NUMA nodes (default on).", "defaults.numa_aware"),
+    Flag("group_size", ("--group-size", "-g"), Int, None, H_SIZE, "Replica groups of this "
+         "size, kept within a host when possible.", "defaults.group_size"),
+    Flag("inputs", ("--input", "-i"), Strs, None, H_SIZE, "Input files: a glob (repeatable), "
+         "a directory (every file under it) or @manifest ('path [size]' lines)."),
+    Flag("eval_pad", ("--eval-pad",), Int, None, H_SIZE, "Pad inputs so every instance gets "
+         "the same number of whole batches.", metavar="BATCH"),
+    Flag("strict_shards", ("--strict-shards/--no-strict-shards",), Bool, None, H_SIZE,
+         "Refuse (exit 2) input shards the plan notes as uneven: an instance with no files, "
+         "or the largest shard over 2x the smallest (default: the spec's, else off).",
+         "defaults.strict_shards"),
+    Flag("env", ("--env", "-e"), Strs, None, H_RUN, "KEY=VALUE for every instance "
+         "(repeatable); KEY alone passes the caller's value as a secret, never printed.", "env"),
+    Flag("backend", ("--backend", "-b"), Str, None, H_RUN, "local | ssh | mpirun | mpiexec | "
+         "slurm (default: local when every host is this machine, slurm inside an allocation, "
+         "else ssh).", "defaults.backend",
+         batch="the batch job runs with --backend slurm, whatever render was given",
+         detach="the record's launch options carry the backend the client resolved"),
+    Flag("workdir", ("--workdir",), Str, None, H_RUN, "Working directory of every instance.",
+         "workdir"),
+    Flag("master_port", ("--master-port",), Int, None, H_RUN, "MASTER_PORT (default: a free "
+         "port locally, 29500 on remote hosts).", "defaults.master_port"),
+    Flag("mpi_args", ("--mpi-args",), Str, None, H_RUN, "Extra launcher options (mpirun, "
+         "mpiexec, srun), as one string (split like a shell would).", "defaults.mpi_args"),
+    Flag("templates", ("--templates",), Str, None, H_RUN, "Directory of Jinja2 templates "
+         "overriding the packaged ones by name.", path="path"),
+    Flag("grace_period", ("--grace-period",), Float, None, H_RUN, "Seconds between SIGTERM and "
+         "SIGKILL when stopping instances (default 5).", "defaults.grace_period"),
+    Flag("host_timeout", ("--host-timeout",), Str, None, H_RUN, "A host silent this long (90s, "
+         "45m, 2h, or seconds) is lost, and its agent stops its instances when poprun-py is "
+         "silent this long (default: the spec's, else 3m). A closed connection is noticed at "
+         "once.", "defaults.host_timeout"),
+    Flag("connect_timeout", ("--connect-timeout",), Float, None, H_SSH, "SSH connect timeout in "
+         "seconds (default: the cluster spec's, else 10).", "defaults.connect_timeout", EVERY),
+    Flag("accept_new_host_keys", ("--accept-new-host-keys",), bool, False, H_SSH, "Record "
+         "unknown SSH host keys (a changed key is always refused).", None,
+         REMOTE),  # up and down have their own: the provider's trust in fresh static nodes
+    Flag("known_hosts", ("--known-hosts",), Str, None, H_SSH, "Extra known_hosts file "
+         "(default: the cluster spec's, then ~/.ssh).", "ssh.known_hosts", EVERY, path="path"),
+    Flag("ssh_config", ("--ssh-config",), Str, None, H_SSH, "ssh_config file (default: the "
+         "cluster spec's, else ~/.ssh/config).", "ssh.ssh_config", EVERY, path="path"),
+    Flag("identity", ("--identity",), Str, None, H_SSH, "Private key for hosts that name none.",
+         None, EVERY, path="path"),
+    Flag("user", ("--user", "-l"), Str, None, H_SSH, "Login user for hosts that name none.",
+         None, EVERY),
+    Flag("sync", ("--sync",), bool, False, H_RUN, "Push the program's directory to every host "
+         "before launching.", field=False,
+         detach="the client pushes its files before the supervisor starts"),
+    Flag("fmt", ("--format", "-f"), str, "table", H_OUT, "table | json", None,
+         (*LAUNCHING, "jobs"), field=False,
+         batch="it says how render prints (a batch script is printed for table only)",
+         detach="it says how the client prints the job's id"),
+    Flag("output_dir", ("--output-dir", "-o"), Str, None, H_OUT, "Write one log per instance "
+         "(instance-N.log) and the job files here.", field=False, path="path",
+         detach="the record carries it, made absolute"),
+    Flag("only_output_from_instance", ("--only-output-from-instance",), Int, None, H_OUT,
+         "Show only this instance's stdout (every instance's errors still show).", field=False),
+    Flag("dry_run", ("--dry-run",), bool, False, H_OUT, "Print the plan and the commands; start "
+         "nothing.", field=False,
+         batch="a dry run prints the plan, never a batch script: the batch job is the launch",
+         detach="a dry run never detaches"),
+    Flag("keep_job_dir", ("--keep-job-dir",), bool, False, H_OUT, "Keep the job's directory "
+         "(shard lists, hostfile) after a successful launch; it is removed otherwise (always "
+         "kept after a failure, and with --output-dir).", field=False),
+    Flag("print_topology", ("--print-topology",), bool, False, H_OUT, "Print the topology table "
+         "before launching.", field=False,
+         detach="the client prints the topology before it detaches"),
+    Flag("slurm_time", ("--time",), Str, None, H_SLURM, "Time limit of the allocation "
+         "--backend slurm asks for (e.g. 30, 1:00:00)."),
+    Flag("slurm_partition", ("--partition",), Str, None, H_SLURM, "Slurm partition to allocate "
+         "from."),
+    Flag("slurm_account", ("--account",), Str, None, H_SLURM, "Slurm account to charge."),
+    Flag("network", ("--network",), Str, None, H_HW, "The network instances talk on (e.g. "
+         "10.1.0.0/16): per host the interface with an address in it sets MASTER_ADDR, "
+         "GLOO/NCCL_SOCKET_IFNAME and MPI's interface (default: the spec's network:).",
+         "network", metavar="CIDR"),
+    Flag("device_env", ("--device-env",), Str, None, H_HW, "The variable that lists each "
+         "instance's devices (default: CUDA_VISIBLE_DEVICES for NVIDIA, ROCR/HIP_VISIBLE_DEVICES "
+         "for AMD, the topology's device_env:).", "hosts[].topology.device_env", metavar="NAME"),
+    Flag("nic_affinity", ("--nic-affinity/--no-nic-affinity",), Bool, None, H_HW, "Give each "
+         "instance the RDMA NICs of its NUMA node (NCCL_IB_HCA, UCX_NET_DEVICES)."),
+    Flag("exclude", ("--exclude", "-x"), Str, None, H_HOSTS, "Hosts to leave out "
+         "(h3,node[07-08]) of the spec, hostfile or Slurm allocation.", metavar="HOSTS"),
+    Flag("check", ("--check",), bool, False, H_RUN, "Run `poprun-py check` on the planned "
+         "instances first; launch only if it passes.", field=False,
+         detach="the client runs the check before it detaches"),
+    Flag("check_timeout", ("--check-timeout",), float, 5.0, H_RUN, "Seconds the check waits "
+         "for every instance (default 5).", field=False, detach="with --check, on the client"),
+    Flag("check_torch", ("--check-torch",), bool, False, H_RUN, "The check also runs a "
+         "torch.distributed Gloo all-reduce where torch is importable (importing torch costs "
+         "each instance about a second).", field=False, detach="with --check, on the client"),
+    Flag("max_restarts", ("--max-restarts",), Int, None, H_LONG, "Restart the whole job up to N "
+         "times after a failure (an instance failed, a host was lost, a hang, the time limit); "
+         "never after Ctrl-C/SIGTERM. Instances see POPRUN_RESTART_COUNT and "
+         "TORCHELASTIC_RESTART_COUNT (default: spec, else 0).", "defaults.max_restarts"),
+    Flag("restart_delay", ("--restart-delay",), Float, None, H_LONG, "Seconds before a restart.",
+         "defaults.restart_delay"),
+    Flag("timeout", ("--timeout",), Str, None, H_LONG, "Stop an attempt running longer than "
+         "this (90s, 45m, 2h): 'timed out', exit 124.", "defaults.timeout"),
+    Flag("hang_timeout", ("--hang-timeout",), Float, None, H_LONG, "An instance without output "
+         "(or poprun_py.dist.heartbeat()) for S seconds is hung: its stacks are dumped into the "
+         "logs, then the job stops (exit 124).", "defaults.hang_timeout"),
+    Flag("spare_hosts", ("--spare-hosts",), Str, None, H_LONG, "Hosts held back to replace a "
+         "lost one on a restart: host syntax, or N (the last N hosts given). Default: the "
+         "spec's spares.", "spares", path="@"),
+    Flag("detach", ("--detach",), bool, False, H_LONG, "Hand the job to a supervisor on its "
+         "first host (this machine for --backend local) and return once every instance runs, "
+         "printing the job id; the job keeps every rule without this client. See `jobs`, "
+         "`logs`, `stop`, `wait`.", field=False,
+         batch="the slurm backend refuses it: a batch job already outlives its client",
+         detach="the supervisor runs the job attached, in a session of its own"),
+    Flag("up", ("--up",), bool, False, H_ONE_KEY, "Bring the -c spec's provider: cluster up "
+         "first (reused when it is up), push the program's directory (--sync), and launch on "
+         "its hosts.", field=False,
+         batch="launch only (render refuses it): provisioning happens on the client, around "
+         "a job", detach="the client brings the cluster up; the record's spec is the inventory"),
+    Flag("down", ("--down",), bool, False, H_ONE_KEY, "With --up: remove the cluster when the "
+         "job ends (succeeded, failed or interrupted); the exit code stays the job's.",
+         field=False, batch="launch only (render refuses it), with --up",
+         detach="the record carries the spec to remove (its path and text)"),
+    Flag("yes", ("--yes", "-y"), bool, False, H_ONE_KEY, "With --up: do not ask before creating "
+         "machines that cost money.", field=False,
+         batch="launch only, with --up: it answers the client's cost prompt",
+         detach="it answers the client's cost prompt"),
 )
-"""The SSH options, each described once: flags first, then the cluster spec's key, then
-~/.ssh (:func:`poprun_py.ssh.settings.settings_for`). A command takes them with
-:func:`ssh_flags` and gets them as one :class:`SshOptions`, built by name."""
+# fmt: on
+OPTIONS: Mapping[str, Flag] = {f.name: f for f in _ENTRIES}
+"""Every option, by parameter name, in the order ``plan``/``render``/``launch``/``check`` take
+them (and their help lists them)."""
+
+SSH_FLAGS = tuple(f for f in _ENTRIES if f.panel == H_SSH)
+"""The SSH options: flags first, then the cluster spec's key, then ~/.ssh
+(:func:`poprun_py.ssh.settings.settings_for`). A command takes them with a parameter ``ssh``
+(:func:`takes`) and gets them as one :class:`SshOptions`, built by name."""
 
 Ssh = SshOptions
 SSH_HERE = SshOptions()
-"""``ssh: Ssh = SSH_HERE``: where :func:`ssh_flags` puts a command's SSH flags."""
+"""``ssh: Ssh = SSH_HERE``: where :func:`takes` puts a command's SSH flags."""
 
 
 def ssh_options(params: Mapping[str, Any]) -> SshOptions:
     """The SSH options among a command's parsed parameters (its keyword arguments, or typer's
-    ``ctx.params``), each by its name, as :func:`poprun_py.cli.option_model.launch_options`
-    takes LaunchOptions; one the command does not take keeps its default."""
+    ``ctx.params``), each by its name; one the command does not take keeps its default."""
     return SshOptions(**{f.name: params[f.name] for f in fields(SshOptions) if f.name in params})
 
 
-def ssh_flags(command: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command function the SSH flags of :data:`SSH_FLAGS` that ``command`` takes, in
-    place of its parameter ``ssh`` (same kind, same position, so the help and the order of
-    ``ctx.params`` follow the signature); the function is called with them as one
-    :class:`SshOptions` (:func:`ssh_options`) in ``ssh``."""
-    flags = [f for f in SSH_FLAGS if command in f.commands]
-    names = {f.name for f in flags}
+def taken_by(command: str, entries: Mapping[str, Flag] = OPTIONS) -> list[Flag]:
+    """The options ``command`` takes, in order."""
+    return [f for f in entries.values() if command in f.commands]
+
+
+def takes(
+    command: str, entries: Mapping[str, Flag] = OPTIONS
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command function the options of ``entries`` that ``command`` takes: a parameter
+    named as one gets its declaration; ``ssh`` becomes the SSH flags, passed to the function
+    as one :class:`SshOptions` (:func:`ssh_options`); ``**kwargs`` becomes every other one,
+    in order. The help and the order of ``ctx.params`` follow the signature built."""
+    mine = {f.name: f for f in taken_by(command, entries)}
+    ssh = [f.name for f in mine.values() if f.panel == H_SSH]
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(fn, eval_str=True)
+        named = set(signature.parameters) | ({*ssh} if "ssh" in signature.parameters else set())
         params: list[inspect.Parameter] = []
         for param in signature.parameters.values():
-            if param.name != "ssh":
-                params.append(param)
-                continue
-            kind = param.kind
-            params += [
-                inspect.Parameter(f.name, kind, default=f.default, annotation=f.annotated)
-                for f in flags
-            ]
+            if param.kind is param.VAR_KEYWORD:
+                rest = [f for f in mine.values() if f.name not in named]
+                params += [_param(f, param.KEYWORD_ONLY) for f in rest]
+            elif param.name == "ssh":
+                params += [_param(mine[n], param.kind) for n in ssh]
+            else:
+                params.append(_param(mine[param.name], param.kind) if param.name in mine else param)
+        grouped = "ssh" in signature.parameters
 
         @functools.wraps(fn)
-        def with_ssh_flags(**kwargs: Any) -> None:
-            rest = {k: v for k, v in kwargs.items() if k not in names}
-            fn(**rest, ssh=ssh_options({k: v for k, v in kwargs.items() if k in names}))
+        def with_options(**kwargs: Any) -> None:
+            if grouped:
+                given = {k: kwargs.pop(k) for k in ssh if k in kwargs}
+                kwargs["ssh"] = ssh_options(given)
+            fn(**kwargs)
 
-        with_ssh_flags.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        with_ssh_flags.__annotations__ = {p.name: p.annotation for p in params}
-        return with_ssh_flags
+        with_options.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_options
 
     return decorate
 
 
-Format = Annotated[
-    str,
-    typer.Option("--format", "-f", rich_help_panel=H_OUT, help="table | json"),
-]
-OutputDir = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--output-dir",
-        "-o",
-        rich_help_panel=H_OUT,
-        help="Write one log per instance (instance-N.log) and the job files here.",
-    ),
-]
-OnlyOutputFrom = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--only-output-from-instance",
-        rich_help_panel=H_OUT,
-        help="Show only this instance's stdout (every instance's errors still show).",
-    ),
-]
-DryRun = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run", rich_help_panel=H_OUT, help="Print the plan and the commands; start nothing."
-    ),
-]
-KeepJobDir = Annotated[
-    bool,
-    typer.Option(
-        "--keep-job-dir",
-        rich_help_panel=H_OUT,
-        help="Keep the job's directory (shard lists, hostfile) after a successful launch; "
-        "it is removed otherwise (always kept after a failure, and with --output-dir).",
-    ),
-]
-PrintTopology = Annotated[
-    bool,
-    typer.Option(
-        "--print-topology", rich_help_panel=H_OUT, help="Print the topology table before launching."
-    ),
-]
-Sync = Annotated[
-    bool,
-    typer.Option(
-        "--sync",
-        rich_help_panel=H_RUN,
-        help="Push the program's directory to every host before launching.",
-    ),
-]
-
-H_HW = "Hardware and network"
-Network = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--network",
-        rich_help_panel=H_HW,
-        metavar="CIDR",
-        help="The network instances talk on (e.g. 10.1.0.0/16): per host the interface with an "
-        "address in it sets MASTER_ADDR, GLOO/NCCL_SOCKET_IFNAME and MPI's interface "
-        "(default: the spec's network:).",
-    ),
-]
-DeviceEnv = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--device-env",
-        rich_help_panel=H_HW,
-        metavar="NAME",
-        help="The variable that lists each instance's devices (default: CUDA_VISIBLE_DEVICES "
-        "for NVIDIA, ROCR/HIP_VISIBLE_DEVICES for AMD, the topology's device_env:).",
-    ),
-]
-NicAffinity = Annotated[
-    Optional[bool],  # noqa: UP045
-    typer.Option(
-        "--nic-affinity/--no-nic-affinity",
-        rich_help_panel=H_HW,
-        help="Give each instance the RDMA NICs of its NUMA node (NCCL_IB_HCA, UCX_NET_DEVICES).",
-    ),
-]
-Exclude = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--exclude",
-        "-x",
-        rich_help_panel=H_HOSTS,
-        metavar="HOSTS",
-        help="Hosts to leave out (h3,node[07-08]) of the spec, hostfile or Slurm allocation.",
-    ),
-]
-Check = Annotated[
-    bool,
-    typer.Option(
-        "--check",
-        rich_help_panel=H_RUN,
-        help="Run `poprun-py check` on the planned instances first; launch only if it passes.",
-    ),
-]
-CheckTorch = Annotated[
-    bool,
-    typer.Option(
-        "--check-torch",
-        rich_help_panel=H_RUN,
-        help="The check also runs a torch.distributed Gloo all-reduce where torch is importable "
-        "(importing torch costs each instance about a second).",
-    ),
-]
-CheckTimeout = Annotated[
-    float,
-    typer.Option(
-        "--check-timeout",
-        rich_help_panel=H_RUN,
-        help="Seconds the check waits for every instance (default 5).",
-    ),
-]
-
-H_SLURM = "Slurm"
-SlurmTime = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--time",
-        rich_help_panel=H_SLURM,
-        help="Time limit of the allocation --backend slurm asks for (e.g. 30, 1:00:00).",
-    ),
-]
-SlurmPartition = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--partition", rich_help_panel=H_SLURM, help="Slurm partition to allocate from."),
-]
-SlurmAccount = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--account", rich_help_panel=H_SLURM, help="Slurm account to charge."),
-]
+def _param(flag: Flag, kind: Any) -> inspect.Parameter:
+    return inspect.Parameter(flag.name, kind, default=flag.default, annotation=flag.annotated)

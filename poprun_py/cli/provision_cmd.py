@@ -118,7 +118,7 @@ def confirm_cost(notice: str, yes: bool) -> None:
 
 
 @app.command("up")
-@o.ssh_flags("up")
+@o.takes("up")
 def up_command(
     cluster: ClusterArg,
     yes: Yes = False,
@@ -159,7 +159,7 @@ def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
 
 
 @app.command("down")
-@o.ssh_flags("down")
+@o.takes("down")
 def down_command(
     cluster: ClusterArg,
     accept_new_host_keys: AcceptNew = False,

@@ -69,12 +69,12 @@ Method = Annotated[
 
 
 @app.command("exec", context_settings=PROGRAM_CONTEXT)
-@o.ssh_flags("exec")
+@o.takes("exec")
 def exec_cmd(
     command: Command,
     *,
-    hosts: o.Hosts = None,
-    cluster: o.Cluster = None,
+    hosts: str | None = None,
+    cluster: str | None = None,
     gather: Gather = False,
     timeout: Timeout = None,
     ssh: o.Ssh = o.SSH_HERE,
@@ -115,12 +115,12 @@ def _tagged_printer() -> LineFn:
 
 
 @app.command("sync")
-@o.ssh_flags("sync")
+@o.takes("sync")
 def sync_cmd(
     paths: Paths = None,
     *,
-    hosts: o.Hosts = None,
-    cluster: o.Cluster = None,
+    hosts: str | None = None,
+    cluster: str | None = None,
     dest: Dest = None,
     method: Method = "auto",
     timeout: SyncTimeout = None,

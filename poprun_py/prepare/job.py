@@ -19,7 +19,7 @@ import gc
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from poprun_py.core.backends import capabilities, check_backend
@@ -58,7 +58,9 @@ ssh_settings = settings_for
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """Every option of ``plan``, ``render`` and ``launch``, as given (None = not given)."""
+    """Every option of ``plan``, ``render`` and ``launch`` that prepares the job, as given (None =
+    not given): one field per entry of :data:`poprun_py.cli.options.OPTIONS` marked ``field``
+    (tests/unit/test_option_catalog.py checks both ways)."""
 
     program: tuple[str, ...] = ()
     hosts: str | None = None
@@ -101,14 +103,7 @@ class LaunchOptions:
     @property
     def ssh(self) -> SshOptions:
         """The SSH flags among these options."""
-        return SshOptions(
-            known_hosts=self.known_hosts,
-            ssh_config=self.ssh_config,
-            identity=self.identity,
-            user=self.user,
-            accept_new_host_keys=self.accept_new_host_keys,
-            connect_timeout=self.connect_timeout,
-        )
+        return SshOptions(**{f.name: getattr(self, f.name) for f in fields(SshOptions)})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The SSH option group, described once (``poprun_py.cli.options.SSH_FLAGS``): every command
+"""The SSH option group, described once (``poprun_py.cli.options.SSH_FLAGS``, entries of
+``OPTIONS``): every command
 that should take a flag has it, as described; every command hands the flags on as one
 ``SshOptions``, each by its name; and one builder (``poprun_py.ssh.settings.settings_for``)
 puts them before the cluster spec's values, on the ``up``/``down`` paths too, which used to
@@ -19,7 +20,8 @@ import typer.main
 
 from poprun_py.cli import run
 from poprun_py.cli.app import app
-from poprun_py.cli.options import EVERY, H_SSH, SSH_FLAGS, SshFlag
+from poprun_py.cli.options import EVERY, H_SSH, SSH_FLAGS
+from poprun_py.cli.options import Flag as SshFlag
 from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
 from poprun_py.prepare.specfile import parse_cluster
