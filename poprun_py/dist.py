@@ -78,7 +78,9 @@ NAMES = (
 # The stderr lines poprun_py.process.progress swallows (tests/unit/test_dist.py checks they agree).
 HEARTBEAT_LINE = b"\x1b[poprun-py:heartbeat]\n"
 FAULTHANDLER_LINE = b"\x1b[poprun-py:faulthandler]\n"
+STEP_LINE = b"\x1b[poprun-py:step %d]\n"
 _beat = [0.0]
+_step: list[int | None] = [None, None]  # the last step given, the last step told
 
 
 # PopDist's camelCase names come first; the snake_case aliases follow them.
@@ -204,18 +206,42 @@ def restart_count() -> int:
     return _int(RESTART_COUNT, 0)
 
 
-def heartbeat() -> None:
+def heartbeat(step: int | None = None) -> None:
     """Tell poprun-py this instance makes progress (``--hang-timeout``) without printing:
     one line on stderr that poprun-py swallows, at most every 0.1 s; nothing when the program
-    was not started by poprun-py. Cheap enough to call every step."""
+    was not started by poprun-py. Cheap enough to call every step.
+
+    With ``step`` (the training step just done) poprun-py also learns how far the job got:
+    ``--min-progress`` stops restarting an attempt that got no further than the last one, and
+    the summary lists each attempt's last step. The last step given is told at exit too."""
     if RESTART_COUNT not in os.environ:
         return
     import time
 
     now = time.monotonic()
+    if step is not None and _step[0] is None:
+        import atexit
+
+        atexit.register(_tell_step)
+    if step is not None:
+        _step[0] = int(step)
     if now - _beat[0] >= 0.1:
         _beat[0] = now
-        _write_stderr(HEARTBEAT_LINE)
+        if step is None:
+            _write_stderr(HEARTBEAT_LINE)
+        else:
+            _write_stderr(_step_line(int(step)))
+            _step[1] = int(step)
+
+
+def _step_line(step: int) -> bytes:
+    return STEP_LINE % step
+
+
+def _tell_step() -> None:
+    """At exit: the last step, if a later one than last told was given meanwhile."""
+    if _step[0] is not None and _step[0] != _step[1]:
+        _write_stderr(_step_line(_step[0]))
 
 
 def _write_stderr(line: bytes) -> None:

@@ -31,6 +31,8 @@ Example:
     False
     >>> p.recorded(), p.recorded()
     ({0: ['  File "t.py", line 3 in f']}, {})
+    >>> p.seen(0, STEP + b"41]"), p.seen(3, STEP + b"9]"), p.last_step
+    (True, True, 41)
     >>> p.seen(0, ENDED), p.stalest(now=500.0), p.running
     (True, None, frozenset())
 """
@@ -49,6 +51,25 @@ ENDED = b"\x1b[poprun-py:ended]"
 """The line each rank's wrapper (mpirun, mpiexec, srun) writes on stderr once its program
 ended, whatever its code: the rank is no longer watched (swallowed by poprun-py)."""
 MARKERS = (HEARTBEAT, FAULTHANDLER, ENDED)
+STEP = b"\x1b[poprun-py:step "
+"""How :func:`poprun_py.dist.heartbeat` with ``step=N`` starts its line (``...step N]``): progress
+that says how far the instance got (``--min-progress``; swallowed by poprun-py)."""
+
+
+def step_of(line: bytes) -> int | None:
+    """N of a step marker line, else None."""
+    if not line.startswith(STEP) or not line.endswith(b"]"):
+        return None
+    digits = line[len(STEP) : -1]
+    return int(digits) if digits.isdigit() else None
+
+
+def is_marker(line: bytes) -> bool:
+    """``line`` (without its newline) is one of poprun-py's markers, which are swallowed."""
+    text = line.rstrip(b"\r")
+    return text[:2] == b"\x1b[" and (text in MARKERS or step_of(text) is not None)
+
+
 RECORDED_LINES = 2000
 """Lines kept per instance while a hang's stacks are gathered (for its verdict)."""
 
@@ -62,6 +83,7 @@ class Progress:
         self._last = dict.fromkeys(indexes, start)
         self._faulthandler: set[int] = set()
         self._recording: dict[int, list[str]] | None = None
+        self._steps: dict[int, int] = {}  # the last step each instance reported
         self._lock = threading.Lock()
 
     def seen(self, index: int, line: str | bytes, now: float | None = None) -> bool:
@@ -69,7 +91,7 @@ class Progress:
         caller then swallows it)."""
         raw = line.encode("utf-8", "replace") if isinstance(line, str) else line
         text = raw.rstrip(b"\r")
-        marker = text in MARKERS
+        marker = is_marker(text)
         with self._lock:
             if text == ENDED:
                 self._drop(index)
@@ -77,6 +99,9 @@ class Progress:
                 self._last[index] = time.monotonic() if now is None else now
                 if text == FAULTHANDLER:
                     self._faulthandler.add(index)
+            step = step_of(text) if marker else None
+            if step is not None:
+                self._steps[index] = max(step, self._steps.get(index, step))
             kept = self._recording.get(index) if self._recording is not None else None
             if kept is not None and not marker and len(kept) < RECORDED_LINES:
                 kept.append(text.decode("utf-8", "replace"))
@@ -93,6 +118,12 @@ class Progress:
         with self._lock:
             kept, self._recording = self._recording or {}, None
             return kept
+
+    @property
+    def last_step(self) -> int | None:
+        """The furthest step any instance reported (``heartbeat(step=N)``), None if none did."""
+        with self._lock:
+            return max(self._steps.values(), default=None)
 
     def ended(self, index: int) -> None:
         """Instance ``index`` ended (any way): it is no longer watched, so never hung."""

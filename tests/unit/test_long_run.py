@@ -275,6 +275,54 @@ def test_the_instance_side_markers_are_the_ones_poprun_py_swallows() -> None:
     assert dist.HEARTBEAT_LINE.rstrip(b"\n") == progress.HEARTBEAT
     assert dist.FAULTHANDLER_LINE.rstrip(b"\n") == progress.FAULTHANDLER
     assert dist.RESTART_COUNT == "POPRUN_RESTART_COUNT"
+    assert progress.step_of((dist.STEP_LINE % 7).rstrip(b"\n")) == 7
+
+
+STEPS = """
+import time
+from poprun_py import dist
+for step in range(1, 6):
+    dist.heartbeat(step=step)  # 1 is told; 2-5 come within 0.1 s of it
+time.sleep(0.15)
+dist.heartbeat(step=6)  # told: 0.1 s passed
+dist.heartbeat(step=7)  # not now: at exit
+"""
+
+
+def test_heartbeat_with_steps_tells_them_rate_limited_and_the_last_one_at_exit() -> None:
+    import subprocess
+    import sys
+
+    from poprun_py.process import progress
+
+    env = {"POPRUN_RESTART_COUNT": "0", "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", STEPS], env=env, capture_output=True, check=True, timeout=30
+    )
+    lines = done.stderr.splitlines()
+    assert all(progress.is_marker(line) for line in lines), lines
+    assert [progress.step_of(line) for line in lines if progress.step_of(line)] == [1, 6, 7]
+    quiet = subprocess.run(
+        [sys.executable, "-c", STEPS],
+        env={"PYTHONPATH": env["PYTHONPATH"]},
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
+    assert quiet.stderr == b""  # not started by poprun-py: nothing
+
+
+def test_progress_keeps_each_instances_last_step_and_markers_are_recognised() -> None:
+    from poprun_py.process.progress import STEP, Progress, is_marker, step_of
+
+    p = Progress([0, 1], now=0.0)
+    assert p.last_step is None
+    assert p.seen(0, STEP + b"5]", now=1.0) and p.seen(1, STEP + b"3]\r", now=1.0)
+    assert p.seen(0, STEP + b"4]", now=1.0) and p.last_step == 5  # a step never goes back
+    assert p.last(0) == p.last(1) == 1.0  # a step is progress
+    assert not p.seen(0, "step 9 loss 0.1") and p.last_step == 5
+    assert [step_of(x) for x in (STEP + b"x]", STEP + b"12", b"step 3]")] == [None, None, None]
+    assert not is_marker(STEP + b"]") and is_marker(STEP + b"0]")
 
 
 def test_output_swallows_markers_and_counts_every_line_as_progress(tmp_path: Path) -> None:
