@@ -1,10 +1,9 @@
 """The host-side agent of the ssh backend: one per host, started over that host's connection.
 
-The ssh backend starts it with ``python3 -S -c BOOTSTRAP`` (:data:`BOOTSTRAP`) and writes to its
-stdin the agent itself -- compiled, for a host whose Python has the same bytecode magic, and as
-source -- so nothing has to be installed on the host (a python3 older than
-:data:`MIN_PYTHON` is refused by the bootstrap with one line, which preflight reports for that
-host: exit 3, nothing started); then requests: commands to run first
+The ssh backend starts it with the one bootstrap of :mod:`poprun_py.hostside.bundle`, which reads
+the agent from stdin, bundled with the modules it imports -- so nothing has to be installed on the
+host (a python3 older than :data:`MIN_PYTHON` is refused with one line, which preflight reports
+for that host: exit 3, nothing started); then poprun-py writes requests: commands to run first
 (preflight's checks, so a whole launch costs one login session per host), then the host's part
 of the job, then control lines. It uses the standard library only and runs on any Python 3.7+
 on Linux.
@@ -13,14 +12,14 @@ What it does, with the local backend's rules and code (:mod:`poprun_py.hostside.
 shipped inside the agent): writes the job's files (mode 0600); starts every instance in its own
 session, so its process group can be signalled as a whole, bound to its CPUs and NUMA nodes when
 the plan binds it (no numactl needed), with the instance environment (which therefore never
-appears in any argv); forwards each output line tagged with the instance index (a line over
-1 MiB in pieces); reports each exit at once. When every instance has ended it stops what they left behind (their process groups and
-sessions, and anything carrying this run's ``POPRUN_RUN_ID``): SIGTERM, then SIGKILL after the
-grace period. On ``term`` it stops everything the same way. When poprun-py is gone -- stdin
-closed, a write to the channel failed, or no heartbeat for ``liveness`` seconds (the host was
-cut off; ``--host-timeout``; not after ``pause``, Ctrl-Z, until poprun-py speaks again) -- it
-does so on its own. No pid is signalled that may be another process's by then
-(:mod:`poprun_py.hostside.identity`).
+appears in any argv); forwards each output line tagged with the instance index (a line over 1
+MiB in pieces); reports each exit at once. When every instance has ended it stops what they left
+behind (their process groups and sessions, and anything carrying this run's ``POPRUN_RUN_ID``):
+SIGTERM, then SIGKILL after the grace period. On ``term`` it stops everything the same way. When
+poprun-py is gone -- stdin closed, a write to the channel failed, or no heartbeat for
+``liveness`` seconds (the host was cut off; ``--host-timeout``; not after ``pause``, Ctrl-Z,
+until poprun-py speaks again) -- it does so on its own. No pid is signalled that may be another
+process's by then (:mod:`poprun_py.hostside.identity`).
 
 The protocol is specified in :mod:`poprun_py.hostside.protocol` (bundled into the agent's
 source with the modules it imports: :mod:`poprun_py.hostside.bundle`).
@@ -47,8 +46,8 @@ import sys
 import threading
 import time
 
-from poprun_py.hostside.private import private_dir, write_private  # inlined: agent_payload
-from poprun_py.hostside.protocol import (  # inlined (the agent ships alone): agent_payload
+from poprun_py.hostside.private import private_dir, write_private  # bundled: the agent ships alone
+from poprun_py.hostside.protocol import (  # bundled: the agent ships alone
     DONE,
     DUMP_LINE,
     DUMP_RANKS_LINE,
@@ -78,13 +77,13 @@ from poprun_py.hostside.protocol import (  # inlined (the agent ships alone): ag
     dump_indexes,
     record,
 )
-from poprun_py.hostside.stackdump import (  # inlined: agent_payload
+from poprun_py.hostside.stackdump import (  # bundled: the agent ships alone
     dump_in_background,
     dump_ranks,
     dump_trees,
     signal_ranks,
 )
-from poprun_py.hostside.supervision import (  # inlined: agent_payload
+from poprun_py.hostside.supervision import (  # bundled: the agent ships alone
     RUN_ID_VAR,
     Grace,
     Launched,
@@ -103,31 +102,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-BOOTSTRAP = (
-    "import os,sys\n"
-    "def r(n):\n"
-    " b=b''\n"
-    " while len(b)<n:\n"
-    "  c=os.read(0,n-len(b))\n"
-    "  if not c:sys.exit(3)\n"
-    "  b+=c\n"
-    " return b\n"
-    "a=sys.argv[1:]+['','0']\n"
-    "c=r(int(a[2]));s=r(int(a[0]))\n"
-    "if sys.version_info<(3,7):\n"
-    " sys.stderr.write('poprun-py agent: python3 here is %d.%d; poprun-py needs 3.7 or later"
-    " on every host\\n'%sys.version_info[:2]);sys.exit(3)\n"
-    "if c and a[1]==sys.modules['_frozen_importlib_external'].MAGIC_NUMBER.hex():\n"
-    " import marshal;exec(marshal.loads(c))\n"
-    "else:exec(compile(s,'poprun-agent','exec'))\n"
-)
-"""Arguments ``SOURCE_LEN [MAGIC CODE_LEN]``; reads exactly CODE_LEN bytes of the agent compiled
-by poprun-py, then SOURCE_LEN bytes of its source, from stdin (never more: the rest is the
-header), refuses a Python older than :data:`MIN_PYTHON` in one stderr line, and runs the
-compiled agent when this Python's bytecode magic is MAGIC (saving the compile, ~6 ms a host),
-else the source."""
-
-MIN_PYTHON = (3, 7)  # the oldest python3 the agent runs on (checked by BOOTSTRAP)
+MIN_PYTHON = (3, 7)  # the oldest python3 the agent runs on (checked by bundle.BOOTSTRAP)
 DRAIN = 1.0  # once nothing is left running, how long to wait for the last output
 SCAN_EVERY = 0.05  # while stopping leftovers, how often to look for them in /proc
 MAX_PENDING = 1 << 22  # stop reading instance output while this much waits for the channel

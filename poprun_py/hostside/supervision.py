@@ -10,14 +10,14 @@ tag output, cap lines, stop with a grace period, find what was left behind.
   it was reaped (its pid may be anyone's by then).
 - :class:`Poller` gives back the data of every ready descriptor (epoll, else poll);
   :class:`Pipe` reads one child pipe into a feed; :class:`LineFeed` splits those bytes into
-  lines for a sink, and a "line" longer than :data:`MAX_LINE` without a newline is passed on
-  in pieces of that size (one rule for both: 1 MiB).
+  lines for a sink; a "line" longer than :data:`MAX_LINE` (1 MiB, for both) without a newline
+  is passed on in pieces.
 - :class:`Grace` is the stop rule: SIGTERM now, SIGKILL once the grace period is over;
   :func:`left_behind` and :func:`signal_left_behind` find and stop what the children left in
   their process groups and sessions, or carrying the run's id
   (:mod:`poprun_py.hostside.identity`: no pid is signalled that may be another process's).
 
-Standard library only, Python 3.7+: the agent ships it inlined.
+Standard library only, Python 3.7+: the agent ships it (:mod:`poprun_py.hostside.bundle`).
 
 Example:
 
@@ -230,16 +230,11 @@ def exit_code(status: int) -> int:
 
 
 class Spawner:
-    """Starts children: ``posix_spawn`` (cheapest: no Python between fork and exec), or
-    ``subprocess.Popen`` when a child needs a working directory (posix_spawn cannot chdir) or
-    Python has no posix_spawn (3.7).
-
-    Every child leads a process group of its own. It also leads a session of its own when
-    ``new_session`` is true (else ``Popen`` needs Python 3.11's ``process_group``): then a child
-    cannot read a terminal (a password prompt fails instead of stopping the child on SIGTTIN).
-    Without a terminal -- scripts, CI, schedulers -- a session adds nothing but cost: with
-    scheduler autogroups, each ``setsid`` creates a scheduling group (about 1 ms per child on a
-    loaded 2-core machine, as much as the rest of the start).
+    """Starts children: ``posix_spawn`` (no Python between fork and exec), or ``Popen`` for a
+    working directory (posix_spawn cannot chdir) or on Python 3.7. Every child leads a process
+    group, and a session when ``new_session`` (default: when there is a terminal, which the
+    child then cannot read; else Popen needs Python 3.11). Without a terminal a session only
+    costs: each ``setsid`` makes a scheduler autogroup, ~1 ms a child on a loaded 2-core host.
     """
 
     def __init__(self, extra_env: Mapping[str, str], new_session: bool | None = None) -> None:
