@@ -8,7 +8,8 @@ agents; the ssh backend then runs the job on the same agents
 (:class:`~poprun_py.backends.ssh.SshBackend`) and the mpirun backend starts Open MPI's daemons
 through them (:mod:`poprun_py.agent.relay`). A whole launch costs one login session per host.
 :class:`AgentLink` is one host's agent during a job: records in, control lines out, when it was
-last heard.
+last heard. Both talk to the agent over a :class:`~poprun_py.agent.stream.Stream` (today a
+Paramiko channel), never to the transport beneath.
 
 Example::
 
@@ -38,14 +39,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from poprun_py.agent.stream import ChannelStream, Stream
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside import protocol as P
 from poprun_py.hostside.bundle import over_stdin, payload, warm_up
 
 if TYPE_CHECKING:
-    import paramiko
-
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
     from poprun_py.ssh.connection import Connection, RemoteResult
@@ -135,7 +135,7 @@ class AgentPool:
 
     def close(self, wait: float = 3.0) -> None:
         """End every agent: EOF on its stdin (it stops whatever is left and exits), wait up to
-        ``wait`` seconds for all of them to have exited, then close the channels -- so nothing
+        ``wait`` seconds for all of them to have exited, then close the streams -- so nothing
         of poprun-py's is still running on any host when this returns."""
         with self._lock:
             agents, self._agents = [*self._retired, *self._agents.values()], {}
@@ -150,13 +150,12 @@ class AgentPool:
 
 
 class AgentConnection:
-    """One host's agent channel; ``run`` works like :meth:`Connection.run` until the job."""
+    """One host's agent over a :class:`~poprun_py.agent.stream.Stream`; ``run`` works like
+    :meth:`Connection.run` until the job."""
 
-    def __init__(self, conn: Connection, channel: paramiko.Channel):
-        self.conn, self.channel = conn, channel
-        self.name = conn.name
+    def __init__(self, name: str, stream: Stream):
+        self.name, self.stream = name, stream
         self.buffer = b""
-        self.stderr = b""
         self.answered = False
         self.given_job = False  # the agent got its job: it exits after it, never reused
         self._requests = 0
@@ -166,10 +165,9 @@ class AgentConnection:
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
         """Start the agent on a new channel of ``conn`` and send it its code."""
-        agent = payload("agent").data
-        channel = conn.start(over_stdin())
-        channel.sendall(agent)
-        return cls(conn, channel)
+        stream = ChannelStream(conn.start(over_stdin()))
+        stream.write(payload("agent").data)
+        return cls(conn.name, stream)
 
     def run(
         self,
@@ -181,33 +179,19 @@ class AgentConnection:
         timeout: float | None = None,
     ) -> RemoteResult:
         """Run ``argv`` on the host through the agent and return its outcome."""
-        with self._lock:
-            return self._run(argv, stdin, env, cwd, timeout)
-
-    def _run(
-        self,
-        argv: Sequence[str],
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        timeout: float | None,
-    ) -> RemoteResult:
         from poprun_py.ssh.connection import RemoteResult
         from poprun_py.ssh.errors import RemoteTimeout
 
         started = time.monotonic()
-        self._requests += 1
         request = {
-            "id": self._requests,
             "argv": list(argv),
             "env": dict(env or {}),
             "cwd": cwd,
             "timeout": timeout,
             "stdin": (stdin or b"").decode("utf-8", "surrogateescape"),
         }
-        self.send(P.REQUEST_RUN + b" " + json.dumps(request).encode())
-        limit = None if timeout is None else started + timeout + max(5.0, timeout)
-        reply = json.loads(self._reply(limit))
+        limit = None if timeout is None else timeout + max(5.0, timeout)
+        reply = self.request(P.REQUEST_RUN, request, limit)
         if reply["timeout"]:
             what = " ".join(argv)
             raise RemoteTimeout(self.name, f"{self.name}: {what} timed out after {timeout:g} s")
@@ -217,75 +201,84 @@ class AgentConnection:
     def put(self, files: Sequence[Mapping[str, str]], timeout: float = START_TIMEOUT) -> str:
         """Write ``files`` (``path``, ``text``) on the host, mode 0600, through the agent;
         '' or what went wrong there."""
-        with self._lock:
-            self._requests += 1
-            request = {"id": self._requests, "files": list(files)}
-            self.send(P.REQUEST_PUT + b" " + json.dumps(request).encode())
-            reply = json.loads(self._reply(time.monotonic() + timeout))
+        reply = self.request(P.REQUEST_PUT, {"files": list(files)}, timeout)
         return str(reply.get("error") or "")
 
+    def request(self, verb: bytes, body: dict[str, Any], wait: float | None) -> Any:
+        """Send one request (numbered; one at a time) and wait up to ``wait`` seconds for the
+        reply with its number: a late reply to an earlier request, given up on, is not this
+        one's. RemoteTimeout, or ConnectionLost when the agent ends first."""
+        with self._lock:
+            deadline = None if wait is None else time.monotonic() + wait
+            self._requests += 1
+            ident = self._requests
+            self.send(verb + b" " + json.dumps({"id": ident, **body}).encode())
+            return self._reply(ident, deadline)
+
     def send(self, line: bytes) -> None:
-        """Send one line to the agent."""
+        """Send one line to the agent; OSError when its stream is broken."""
         with self._send_lock:
             self.given_job = self.given_job or line.startswith(P.JOB + b" ")
-            self.channel.sendall(line + b"\n")
+            self.stream.write(line + b"\n")
 
     def pending(self) -> bool:
         """True if data has arrived that nobody has read yet."""
-        return bool(self.channel.recv_ready() or self.channel.recv_stderr_ready())
+        return self.stream.ready()
 
     def receive(self) -> tuple[bytes, bool]:
-        """Whatever has arrived (stderr kept aside), and whether the channel has ended."""
-        channel, data = self.channel, b""
-        while channel.recv_stderr_ready():
-            self.stderr = (self.stderr + channel.recv_stderr(65536))[-4096:]
-        while channel.recv_ready():
-            data += channel.recv(65536)
+        """Whatever has arrived, and whether the stream has ended (and all of it is read)."""
+        ended = self.stream.ended()  # first: once ended, every byte has arrived
+        data = self.stream.read()
         self.answered = self.answered or bool(data)
-        ended = not channel.recv_ready() and bool(channel.eof_received or channel.closed)
-        return data, ended
+        return data, ended and not self.stream.ready()
 
-    def _reply(self, deadline: float | None) -> bytes:
+    def _reply(self, ident: int, deadline: float | None) -> Any:
         from poprun_py.ssh.errors import ConnectionLost, RemoteTimeout
 
         while True:
             while b"\n" in self.buffer:
                 line, _, self.buffer = self.buffer.partition(b"\n")
-                if line.startswith(P.REPLY + b" "):
-                    return line[len(P.REPLY) + 1 :]
+                kind, _, body = line.partition(b" ")
+                reply = _parsed(body) if kind == P.REPLY else None
+                if reply is not None and reply.get("id") == ident:
+                    return reply
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 raise RemoteTimeout(self.name, f"the agent on {self.name} did not answer")
-            select.select([self.channel], [], [], wait)
+            select.select([self.stream], [], [], wait)
             data, ended = self.receive()
             self.buffer += data
             if ended and b"\n" not in self.buffer:
                 raise ConnectionLost(self.name, self.why_ended())
 
     def why_ended(self) -> str:
-        """A one-line reason why the agent's channel ended early."""
-        said = self.stderr.decode("utf-8", "replace").strip().splitlines()
+        """A one-line reason why the agent's stream ended early."""
+        said = self.stream.last_words()
         if said:
-            return f"the agent on host {self.name} ended: {said[-1]}"
+            return f"the agent on host {self.name} ended: {said}"
         return f"the connection to host {self.name} closed"
 
     def send_eof(self) -> None:
         """Close our side of the agent's stdin: it stops whatever is left and exits."""
-        with contextlib.suppress(Exception):
-            self.channel.shutdown_write()
+        self.stream.send_eof()
 
     def exited(self) -> bool:
-        """True once the agent process has exited (or its channel is gone): its stdout reached
+        """True once the agent process has exited (or its stream is gone): its stdout reached
         EOF. (The exit status may come earlier: the agent runs in a session of its own.)"""
-        try:
-            return bool(self.channel.closed or self.channel.eof_received)
-        except Exception:  # a broken channel has nothing left to wait for
-            return True
+        return self.stream.ended()
 
     def close(self) -> None:
-        """Close the channel (the agent sees EOF and stops whatever is left)."""
-        with contextlib.suppress(Exception):
-            self.channel.close()
+        """Close the stream (the agent sees EOF and stops whatever is left)."""
+        self.stream.close()
+
+
+def _parsed(body: bytes) -> dict[str, Any] | None:
+    """A reply's JSON object; None for one cut short or garbled (no request's reply)."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
 
 
 def stage_job(agents: AgentPool, job: RenderedJob) -> None:
@@ -362,12 +355,12 @@ class AgentLink:
             _WORKING.add(self)
 
     def send(self, line: bytes) -> None:
-        """Send one control line; a dead channel shows up as silence or EOF, not here. No
+        """Send one control line; a dead stream shows up as silence or EOF, not here. No
         heartbeat while poprun-py is pausing (:func:`pausing`): it would end the agents' wait."""
         if line == P.HEARTBEAT_LINE and PAUSED.is_set():
             return
         if self.agent is not None and not self.done:
-            with contextlib.suppress(OSError, EOFError):
+            with contextlib.suppress(OSError):
                 self.agent.send(line)
 
     def silence(self, now: float) -> float:
@@ -381,7 +374,7 @@ class AgentLink:
         return now - self.heard
 
     def receive(self) -> tuple[list[bytes], bool]:
-        """Complete records received so far, and whether the channel has ended."""
+        """Complete records received so far, and whether the stream has ended."""
         assert self.agent is not None
         data, ended = self.agent.receive()
         if data:
@@ -394,7 +387,7 @@ class AgentLink:
         return self.agent is not None and self.agent.pending()
 
     def close(self) -> None:
-        """Close the channel (the agent sees EOF and stops whatever is left)."""
+        """Close the stream (the agent sees EOF and stops whatever is left)."""
         with _LOCK:
             _WORKING.discard(self)
         if self.agent is not None:
@@ -452,7 +445,7 @@ def pausing() -> Iterator[None]:
 
 def _on_tstp(signum: int, frame: object) -> None:
     """Tell the agents to wait (from a thread: the code this handler interrupted may hold a
-    channel's lock), stop for real, and carry on once continued."""
+    stream's lock), stop for real, and carry on once continued."""
     PAUSED.set()
     told = threading.Event()
 

@@ -15,7 +15,7 @@ heartbeats go to every agent while its daemon runs.
 Stopping: when the shim disconnects (mpirun killed it, or ended), the agent is told ``term``:
 SIGTERM to orted, its ranks and anything carrying the host's run id, SIGKILL after the grace
 period. When poprun-py dies, the agents stop everything by themselves. A host silent for
-``liveness`` seconds (``--host-timeout``), or whose channel ended, is lost: its shim exits 255,
+``liveness`` seconds (``--host-timeout``), or whose stream ended, is lost: its shim exits 255,
 which makes mpirun abort the job, and :attr:`Relay.lost` names it -- dated when it was last
 heard, so it is the root cause. An agent runs one job, so a second request for one host is
 refused (exit 255).
@@ -318,7 +318,7 @@ class _Session:
             header = agent_header(self.relay.run_id, name, self.relay.timing, [instance], [])
             try:
                 link.start(agent, header)
-            except (OSError, EOFError):
+            except OSError:
                 link.agent = agent
                 self.lose(link, agent.why_ended())
                 return
@@ -345,13 +345,13 @@ class _Session:
     def pump(self, link: AgentLink) -> None:
         """Relay the agent's records to the shim, until the agent is done or the host lost."""
         assert link.agent is not None
-        channel = link.agent.channel
+        stream = link.agent.stream
         while not link.done and time.monotonic() < self.relay.give_up_at:
-            watched: list[Any] = [channel, self.sock] if self.shim_open else [channel]
+            watched: list[Any] = [stream, self.sock] if self.shim_open else [stream]
             ready, _, _ = select.select(watched, [], [], self.relay.timing.heartbeat)
             if self.sock in ready:
                 self.read_shim(link)
-            if channel in ready or link.pending():
+            if stream in ready or link.pending():
                 records, ended = link.receive()
                 for record in records:
                     self.record(link, record)

@@ -255,7 +255,7 @@ class SshRun:
 
     def close_links(self, wait: float = 3.0) -> None:
         """End every host's agent: EOF on its stdin, then wait (together, at most ``wait``
-        seconds) until each has exited -- its stdout closed -- before closing the channels, so
+        seconds) until each has exited -- its stdout closed -- before closing the streams, so
         no agent is still running on any host when the backend returns."""
         agents = [link.agent for link in self.links.values() if link.agent is not None]
         for agent in agents:
@@ -282,7 +282,7 @@ class SshRun:
                 why = f"{failure}" if failure else "no connection"
                 self.lose(link, f"cannot start the agent on host {host}: {why}")
             else:
-                self.sel.register(link.agent.channel, selectors.EVENT_READ, link)
+                self.sel.register(link.agent.stream, selectors.EVENT_READ, link)
 
     def beat(self, stop: threading.Event) -> None:
         """Heartbeats to every agent, from a thread of their own: a main loop held up by a
@@ -299,7 +299,7 @@ class SshRun:
         return max(0.0, min(times) - time.monotonic())
 
     def pump(self, link: AgentLink | None) -> None:
-        """Handle what one channel (or the signal pipe, for None) has to say."""
+        """Handle what one stream (or the signal pipe, for None) has to say."""
         if link is None:
             self.control.drain()
             for signum in self.control.take_forwards():
@@ -369,10 +369,10 @@ class SshRun:
                 self.finish(replace(lost, ended=when or link.heard_wall))
 
     def forget(self, link: AgentLink) -> None:
-        """The host is done: stop watching its channel."""
+        """The host is done: stop watching its stream."""
         link.done = True
-        if link.agent is not None and link.agent.channel in self.sel.get_map():
-            self.sel.unregister(link.agent.channel)
+        if link.agent is not None and link.agent.stream in self.sel.get_map():
+            self.sel.unregister(link.agent.stream)
 
     def stop(self) -> None:
         """SIGTERM everywhere now; SIGKILL after the grace period."""

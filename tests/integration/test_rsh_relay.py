@@ -1,18 +1,17 @@
 """The relay between the rsh shim and the hosts' agents, on this machine: the real shim script,
-the real relay, and real agents (``python -m poprun_py.hostside.agent``) behind a fake SSH channel
--- the seam is the paramiko channel. No test hosts needed."""
+the real relay, and real agents (``python -m poprun_py.hostside.agent``) behind fake streams
+(:class:`~poprun_py.testing.streams.AgentBehind`) -- the seam is the agent's stream. No test
+hosts needed."""
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,76 +19,24 @@ import pytest
 from poprun_py.agent.client import AgentConnection, Timing
 from poprun_py.agent.relay import RshRelay
 from poprun_py.hostside import rsh_shim
+from poprun_py.testing.streams import AgentBehind
 
-REPO = Path(__file__).resolve().parents[2]
 FAST = Timing(grace=1.0, heartbeat=0.1, liveness=0.6, start_timeout=5.0)
-
-
-class PipeChannel:
-    """Enough of a paramiko Channel, over the pipes of a local agent process."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "poprun_py.hostside.agent"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=REPO,
-        )
-        assert self.proc.stdout is not None and self.proc.stdin is not None
-        self.out, self.stdin = self.proc.stdout.fileno(), self.proc.stdin
-        self.eof_received = self.closed = False
-
-    def fileno(self) -> int:
-        return self.out
-
-    def recv_ready(self) -> bool:
-        return not self.eof_received and bool(select.select([self.out], [], [], 0)[0])
-
-    def recv_stderr_ready(self) -> bool:
-        return False
-
-    def recv(self, size: int) -> bytes:
-        data = os.read(self.out, size)
-        self.eof_received = self.eof_received or not data
-        return data
-
-    def sendall(self, data: bytes) -> None:
-        self.stdin.write(data)
-        self.stdin.flush()
-
-    def shutdown_write(self) -> None:
-        self.stdin.close()
-
-    def close(self) -> None:
-        self.closed = True
-        if not self.stdin.closed:
-            self.stdin.close()
-
-
-class Conn:
-    def __init__(self, name: str) -> None:
-        self.name = name
 
 
 class LocalAgents:
     """Stands in for an AgentPool: one local agent per host name, started on first use."""
 
     def __init__(self) -> None:
-        self.channels: dict[str, PipeChannel] = {}
+        self.behind: dict[str, AgentBehind] = {}
 
     def agent_on(self, host: str) -> AgentConnection:
-        self.channels[host] = PipeChannel()
-        return AgentConnection(Conn(host), self.channels[host])  # type: ignore[arg-type]
+        self.behind[host] = AgentBehind()
+        return AgentConnection(host, self.behind[host].stream)
 
     def close(self) -> None:
-        for channel in self.channels.values():
-            channel.close()
-            try:
-                channel.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                channel.proc.kill()
-                channel.proc.wait()
+        for behind in self.behind.values():
+            behind.close()
 
 
 @pytest.fixture
@@ -189,9 +136,9 @@ def test_a_silent_host_is_lost_its_shim_exits_255_and_the_relay_names_it() -> No
     try:
         with RshRelay(agents, {"h1": "h1"}, FAST) as relay:  # type: ignore[arg-type]
             proc = shim(relay, "h1", f"exec sleep {mark}")
-            wait_for(lambda: "h1" in agents.channels)
+            wait_for(lambda: "h1" in agents.behind)
             wait_for(lambda: len(pgrep(mark)) == 1)  # the agent runs the daemon: not a sleep
-            os.kill(agents.channels["h1"].proc.pid, signal.SIGSTOP)  # cut off: no heartbeats
+            os.kill(agents.behind["h1"].proc.pid, signal.SIGSTOP)  # cut off: no heartbeats
             start = time.monotonic()
             code, _, err = finish(proc)
             # found lost at all, long before the daemon's end: how soon is not asserted beyond
@@ -201,6 +148,6 @@ def test_a_silent_host_is_lost_its_shim_exits_255_and_the_relay_names_it() -> No
             assert list(relay.lost) == ["h1"] and "stopped answering" in relay.lost["h1"].reason
             assert relay.lost["h1"].when <= time.time() - FAST.liveness
     finally:
-        for channel in agents.channels.values():
-            os.kill(channel.proc.pid, signal.SIGCONT)
+        for behind in agents.behind.values():
+            os.kill(behind.proc.pid, signal.SIGCONT)
         agents.close()

@@ -1,0 +1,132 @@
+"""The transport seam under the agent protocol (:mod:`poprun_py.hostside.protocol`): a
+:class:`Stream` is one byte stream to one host's agent -- its stdin one way, its stdout the
+other. The protocol's users (:class:`~poprun_py.agent.client.AgentConnection`,
+:class:`~poprun_py.agent.client.AgentLink`, :mod:`poprun_py.agent.relay`,
+:mod:`poprun_py.backends.ssh`) talk to a Stream only, never to the transport beneath.
+
+A Paramiko channel is the first transport (:class:`ChannelStream`); an OpenSSH client
+process (its stdin and stdout pipes, its exit as the end) and a TCP socket fit the same five
+verbs. :mod:`poprun_py.testing.streams` has a fake one for tests of the protocol.
+
+Example::
+
+    stream = ChannelStream(conn.start(argv))       # the agent's command, on a channel
+    stream.write(b"h\\n")                          # a whole line, or OSError
+    selectors.DefaultSelector().register(stream, selectors.EVENT_READ)   # it has a fileno
+    data = stream.read()                           # what came, without waiting
+    if stream.ended() and not stream.ready():      # the far side finished, all read
+        why = stream.last_words()                  # e.g. "no python3 on PATH"
+
+Run as a doctest (tests/unit/test_docstrings.py)::
+
+    >>> from poprun_py.testing.streams import FakeStream
+    >>> stream = FakeStream()
+    >>> stream.peer.deliver(b"p 0 4")
+    >>> stream.ready(), stream.read(), stream.read()  # bytes as they came; b"": nothing now
+    (True, b'p 0 4', b'')
+    >>> stream.peer.hang_up("gone")
+    >>> stream.ended(), stream.ready(), stream.last_words()
+    (True, False, 'gone')
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import paramiko
+
+DIAGNOSTICS_KEPT = 4096  # bytes of the far side's diagnostics (stderr) kept for last_words
+
+
+class Stream(Protocol):
+    """A byte stream to one agent. Every method returns at once, except ``write``, which
+    waits until the far side has room."""
+
+    def fileno(self) -> int:
+        """A file descriptor that select/selectors report readable whenever :meth:`ready`
+        is true or the stream has ended."""
+
+    def ready(self) -> bool:
+        """True if something arrived that nobody has read yet (the far side is alive)."""
+
+    def read(self) -> bytes:
+        """Every byte that has arrived, without waiting: b"" when nothing has."""
+
+    def ended(self) -> bool:
+        """True once the far side has finished (its output closed, the process exited, the
+        connection dropped) or this side closed the stream; bytes that arrived before may
+        still be unread (:meth:`ready`)."""
+
+    def write(self, data: bytes) -> None:
+        """Send all of ``data``; OSError when the stream is broken or closed."""
+
+    def send_eof(self) -> None:
+        """Close this side's direction (the agent reads the end of its stdin); never raises."""
+
+    def close(self) -> None:
+        """Close both directions and release the transport; never raises."""
+
+    def last_words(self) -> str:
+        """The last line the far side said on its diagnostics (stderr), '' if none."""
+
+
+class ChannelStream:
+    """A Paramiko channel as a :class:`Stream`: the remote command's stdout in, its stdin out,
+    its stderr kept aside (the last :data:`DIAGNOSTICS_KEPT` bytes) for :meth:`last_words`."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self.channel = channel
+        self.stderr = b""
+
+    def fileno(self) -> int:
+        """Paramiko's pipe, set while output or stderr is unread, and at the channel's end."""
+        return self.channel.fileno()
+
+    def ready(self) -> bool:
+        """Unread output or stderr."""
+        return bool(self.channel.recv_ready() or self.channel.recv_stderr_ready())
+
+    def read(self) -> bytes:
+        """The unread output; unread stderr goes aside."""
+        channel, data = self.channel, b""
+        while channel.recv_stderr_ready():
+            self.stderr = (self.stderr + channel.recv_stderr(65536))[-DIAGNOSTICS_KEPT:]
+        while channel.recv_ready():
+            data += channel.recv(65536)
+        return data
+
+    def ended(self) -> bool:
+        """The remote command's output ended (EOF), or the channel closed or broke."""
+        try:
+            return bool(self.channel.closed or self.channel.eof_received)
+        except Exception:  # a broken channel has nothing left to wait for
+            return True
+
+    def write(self, data: bytes) -> None:
+        """All of ``data`` to the command's stdin (Paramiko's EOFError becomes an OSError)."""
+        try:
+            self.channel.sendall(data)
+        except EOFError as exc:
+            raise BrokenPipeError(f"the channel is closed: {exc}") from None
+
+    def send_eof(self) -> None:
+        """EOF on the command's stdin."""
+        with contextlib.suppress(Exception):
+            self.channel.shutdown_write()
+
+    def close(self) -> None:
+        """Close the channel."""
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+    def last_words(self) -> str:
+        """The last line of the command's stderr."""
+        return last_line(self.stderr)
+
+
+def last_line(text: bytes) -> str:
+    """The last non-empty line of ``text``, decoded ('' if none)."""
+    said = text.decode("utf-8", "replace").strip().splitlines()
+    return said[-1].strip() if said else ""
