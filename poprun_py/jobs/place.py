@@ -3,13 +3,13 @@
 :class:`LocalJobHost` is this machine: :mod:`~poprun_py.hostside.hostops`'s functions are called
 in-process and the supervisor is this same interpreter, started in a session of its own.
 :class:`RemoteJobHost` is one SSH connection: each operation runs ``hostops``'s source with the
-host's ``python3 -S`` on a channel of its own (as the agent is started: nothing to install for
-``jobs``, ``logs``, ``stop`` and ``wait``), and the supervisor is ``python -m poprun_py
-supervise ID`` of this interpreter's path there (else ``python3``). Either way the
-supervisor reads its job record on stdin, the values of ``--env NAME`` secrets arrive in its
-environment (over the channel's stdin for a remote host: :func:`poprun_py.ssh.commands.env_block`),
-and it answers on stdout once every instance runs (:data:`READY`), or fails with one line on
-stderr and its exit code.
+host's ``python3 -S`` on a channel of its own (:mod:`poprun_py.hostside.bundle`, as the agent
+is started: nothing to install for ``jobs``, ``logs``, ``stop`` and ``wait``), and the
+supervisor is ``python -m poprun_py supervise ID`` of this interpreter's path there (else
+``python3``). Either way the supervisor reads its job record on stdin, the values of ``--env
+NAME`` secrets arrive in its environment (over the channel's stdin for a remote host:
+:func:`poprun_py.ssh.commands.env_block`), and it answers on stdout once every instance runs
+(:data:`READY`), or fails with one line on stderr and its exit code.
 
 Example::
 
@@ -19,26 +19,25 @@ Example::
 
 Run as a doctest (tests/unit/test_docstrings.py)::
 
-    >>> source = hostops_source()  # what a remote host's python3 -S runs for jobs/logs/stop
-    >>> "from poprun_py" in source, READY
+    >>> source = payload("hostops").source  # what a host's python3 -S runs for jobs/logs/stop
+    >>> b"from poprun_py" in source, READY
     (False, 'poprun-py-supervisor: running')
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from poprun_py.errors import BackendError, PoprunError, PreflightError
 from poprun_py.hostside import hostops
+from poprun_py.hostside.bundle import over_stdin, payload
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
@@ -53,10 +52,6 @@ SUPERVISOR_START = (
 """Runs the supervisor with this interpreter's path where it exists there, else ``python3``
 (no separate probe: one interpreter start; a missing poprun-py is its one line)."""
 NOT_INSTALLED = "No module named poprun_py"
-HOSTOPS_START = (
-    'for p in /usr/bin/python3 python3; do if command -v "$p" >/dev/null 2>&1; then '
-    'exec "$p" -S -c "$0" "$@"; fi; done; echo "poprun-py: no python3 on PATH" >&2; exit 127'
-)
 Write = Callable[[bytes], None]
 
 
@@ -124,7 +119,7 @@ class RemoteJobHost:
 
     def call(self, op: str, *args: str) -> Any:
         """Run the operation there; its JSON answer."""
-        result = self.conn.run([*_hostops_argv(), op, *args])
+        result = self.conn.run(over_stdin(op, *args), stdin=payload("hostops").data)
         if result.exit_code == hostops.NO_SUCH_JOB:
             return None
         if result.exit_code == hostops.UNSAFE_ROOT:
@@ -141,9 +136,11 @@ class RemoteJobHost:
                 write(data)
 
         cancel = threading.Event()
-        argv = [*_hostops_argv(), "follow", job_id, name, "1" if keep else "0"]
+        argv = over_stdin("follow", job_id, name, "1" if keep else "0")
         try:
-            result = self.conn.run(argv, on_output=on_output, cancel=cancel)
+            result = self.conn.run(
+                argv, stdin=payload("hostops").data, on_output=on_output, cancel=cancel
+            )
         except KeyboardInterrupt:
             cancel.set()
             raise
@@ -171,32 +168,6 @@ def _unsafe(host: str, why: str) -> PreflightError:
     from poprun_py.errors import Fault
 
     return PreflightError([Fault(host, "job root", why)])
-
-
-def _hostops_argv() -> list[str]:
-    return ["sh", "-c", HOSTOPS_START, hostops_source()]
-
-
-HOSTOPS_INLINED = ("poprun_py.hostside.private",)
-"""The modules ``hostops`` imports, inlined when it ships (the host has no poprun_py)."""
-
-
-@functools.cache
-def hostops_source() -> str:
-    """``hostops``'s source with each :data:`HOSTOPS_INLINED` import replaced by the module's
-    code, as it runs on a host (``python3 -S -c``)."""
-    import importlib
-
-    source = Path(hostops.__file__).read_text(encoding="utf-8")
-    for name in HOSTOPS_INLINED:
-        module = importlib.import_module(name)
-        body = Path(str(module.__file__)).read_text(encoding="utf-8")
-        body = body.replace("from __future__ import annotations\n", "")
-        head, found, tail = source.partition(f"from {name} import (")
-        if not found:
-            raise RuntimeError(f"poprun_py/hostside/hostops.py no longer imports {name}")
-        source = head + body + tail.partition(")\n")[2]
-    return source
 
 
 def _check_started(host: str, code: int, out: str, err: str) -> str:

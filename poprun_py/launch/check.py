@@ -19,17 +19,16 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.errors import Fault
+from poprun_py.hostside.bundle import from_env, payload
 
 if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
@@ -38,15 +37,8 @@ if TYPE_CHECKING:
 
 MARK = "POPRUN-CHECK"
 CHECK_VAR = "POPRUN_CHECK_PROGRAM"
-CHECK_MAIN = (
-    "import os;g={'__name__':'poprun_check'};"
-    f"exec(compile(os.environ.pop('{CHECK_VAR}'),'poprun-check','exec'),g);g['program']()"
-)
-"""What the check program runs: :mod:`poprun_py.hostside.check_instance`'s source, which ships in
-each instance's environment as :data:`CHECK_VAR` (passed by name, as a secret is: never in an argv
-or a printed command), so a host needs a Python and nothing of poprun-py, and runs the
-launcher's own version of the check. ``-c``, not ``-m``: runpy's imports cost each instance
-~5 ms."""
+"""Where :mod:`poprun_py.hostside.check_instance` ships (``bundle.from_env``): a secret's way,
+never in an argv or a printed command; a host needs only a Python, nothing of poprun-py."""
 DEFAULT_TIMEOUT = 5.0
 SLOW_FACTOR = 10.0
 SLOW_LATENCY_MS = 1.0
@@ -89,8 +81,8 @@ def check_argv(prep: Prepared, timeout: float, torch: bool = False) -> tuple[str
     every host, as for Slurm's batch step; preflight says where it is missing), running
     :mod:`poprun_py.hostside.check_instance`."""
     python = prep.plan.cluster.defaults.python or sys.executable
-    argv = (python, "-c", CHECK_MAIN, "--timeout", f"{timeout:g}")
-    return (*argv, "--torch", "1") if torch else argv
+    torch_args = ("--torch", "1") if torch else ()
+    return from_env(python, CHECK_VAR, "--timeout", f"{timeout:g}", *torch_args)
 
 
 def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> Prepared:
@@ -98,16 +90,8 @@ def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = F
     instances' environment (:data:`CHECK_VAR`)."""
     from poprun_py.core.spec import EnvVar
 
-    env = (*prep.plan.env, EnvVar(CHECK_VAR, check_source(), secret=True))
+    env = (*prep.plan.env, EnvVar(CHECK_VAR, payload("check_instance").text, secret=True))
     return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout, torch), env=env))
-
-
-@functools.cache
-def check_source() -> str:
-    """The source of :mod:`poprun_py.hostside.check_instance`, which the check program runs."""
-    from poprun_py.hostside import check_instance
-
-    return Path(check_instance.__file__).read_text(encoding="utf-8")
 
 
 def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> CheckReport:

@@ -163,23 +163,24 @@ def test_instances_check_against_rank_0_and_the_missing_rank_is_named() -> None:
 def test_the_shipped_check_program_parses_as_python_3_7() -> None:
     """The hosts' Python may be as old as the agent's oldest (3.7); the real run on 3.7 is in
     tests/integration/test_network.py."""
-    from poprun_py.launch.check import check_source
+    from poprun_py.hostside.bundle import bundle
 
-    ast.parse(check_source(), feature_version=(3, 7))
+    ast.parse(bundle("check_instance"), feature_version=(3, 7))
 
 
 @pytest.mark.old_pythons
 def test_a_late_rank_is_still_served_on_python_3_7() -> None:
     """Rank 0 serves the check; on Python 3.7-3.9 its accept timeout is ``socket.timeout``,
     not yet ``TimeoutError``: a rank that connects after the first 0.1 s must still get in."""
-    from poprun_py.launch.check import CHECK_MAIN, CHECK_VAR, check_source
+    from poprun_py.hostside.bundle import from_env, payload
+    from poprun_py.launch.check import CHECK_VAR
     from tests.integration.test_host_tools import old_python
     from tests.ports import held_port
 
     python = str(old_python("3.7"))
     base = {"PATH": os.environ["PATH"], "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    base |= {"POPRUN_HOST_NAME": "h1", CHECK_VAR: check_source()}
-    argv = [python, "-c", CHECK_MAIN, "--timeout", "10"]
+    base |= {"POPRUN_HOST_NAME": "h1", CHECK_VAR: payload("check_instance").text}
+    argv = [*from_env(python, CHECK_VAR, "--timeout", "10")]
     with held_port() as port:  # until rank 0 has bound it (tests/ports.py)
         base["MASTER_PORT"] = str(port)
         first = subprocess.Popen(argv, env={**base, "RANK": "0"}, stdout=subprocess.PIPE, text=True)

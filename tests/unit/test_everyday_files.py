@@ -238,7 +238,6 @@ def test_the_shipped_host_side_writer_and_hostops_run_alone_on_any_python(
     python: str, tmp_path: Path
 ) -> None:
     from poprun_py.hostside.bundle import bundle
-    from poprun_py.jobs.place import hostops_source
 
     agent = bundle("agent")
     agent = agent.replace('if __name__ == "__main__":\n    main()', "")
@@ -250,7 +249,7 @@ def test_the_shipped_host_side_writer_and_hostops_run_alone_on_any_python(
     assert target.read_text() == "a.bin\n" and oct(target.stat().st_mode & 0o777) == "0o600"
     assert oct(target.parent.stat().st_mode & 0o777) == "0o700"
     for args in (["list"], ["prune", "0"]):
-        answer = alone(python, hostops_source(), *args, cwd=tmp_path, env=env)
+        answer = alone(python, bundle("hostops"), *args, cwd=tmp_path, env=env)
         assert (answer.returncode, answer.stdout) == (0, "[]\n"), answer.stderr
     if os.geteuid() == 0:
         shared = tmp_path / "shared"
@@ -259,7 +258,7 @@ def test_the_shipped_host_side_writer_and_hostops_run_alone_on_any_python(
         (shared / "r").mkdir()
         os.chown(shared / "r", 65534, 65534)
         env["POPRUN_PY_JOB_ROOT"] = str(shared / "r")
-        refused = alone(python, hostops_source(), "list", cwd=tmp_path, env=env)
+        refused = alone(python, bundle("hostops"), "list", cwd=tmp_path, env=env)
         assert refused.returncode == hostops.UNSAFE_ROOT
         assert refused.stderr == (
             f"poprun-py: {shared / 'r'} is owned by nobody (uid 65534), not by root (uid 0)\n"
