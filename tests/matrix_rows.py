@@ -189,6 +189,11 @@ ROWS: Mapping[str, Row] = {
     "restart_delay": Row(("--restart-delay", "3"), lambda d: d.prep.long_run.restart_delay == 3.0),
     "timeout": Row(("--timeout", "90s"), lambda d: d.prep.long_run.timeout == 90.0),
     "hang_timeout": Row(("--hang-timeout", "30"), lambda d: d.prep.long_run.hang_timeout == 30.0),
+    "min_progress": Row(("--min-progress", "2"), lambda d: d.prep.long_run.min_progress == 2),
+    "progress_file": Row(
+        ("--progress-file", "{d}/ckpt.pt"),
+        lambda d: str(d.prep.long_run.progress_file).endswith("/ckpt.pt"),
+    ),
     "spare_hosts": Row(
         ("-H", "198.18.0.21,198.18.0.22,198.18.0.23", "--spare-hosts", "1"),
         lambda d: (

@@ -76,14 +76,23 @@ def announcing(stream: TextIO) -> Iterator[None]:
         ANNOUNCE.setLevel(level)
 
 
+def _step(result: LaunchResult) -> str:
+    """`` (last step N)`` when an instance reported steps (``dist.heartbeat(step=N)``)."""
+    return f" (last step {result.last_step})" if result.last_step is not None else ""
+
+
 def attempt_lines(result: LaunchResult) -> list[str]:
     """One line per attempt of a restarted job, with its root cause (none: not restarted)."""
     if not result.attempts and not result.restart_failed:
         return []
-    lines = [f"attempt {k}: {_cause(r)}; restarted" for k, r in enumerate(result.attempts)]
+    lines = [
+        f"attempt {k}: {_cause(r)}; restarted{_step(r)}" for k, r in enumerate(result.attempts)
+    ]
     last = len(result.attempts)
     swaps = ", ".join(f"{spare} in place of {lost}" for lost, spare in result.replaced)
-    lines.append(f"attempt {last}: {_cause(result)}" + (f" ({swaps})" if swaps else ""))
+    lines.append(
+        f"attempt {last}: {_cause(result)}" + (f" ({swaps})" if swaps else "") + _step(result)
+    )
     if result.restart_failed:
         lines.append(result.restart_failed)
     return lines

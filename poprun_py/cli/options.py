@@ -209,6 +209,14 @@ _ENTRIES = (
     Flag("hang_timeout", ("--hang-timeout",), Float, None, H_LONG, "An instance without output "
          "(or poprun_py.dist.heartbeat()) for S seconds is hung: its stacks are dumped into the "
          "logs, then the job stops (exit 124).", "defaults.hang_timeout"),
+    Flag("min_progress", ("--min-progress",), Int, None, H_LONG, "Restart only an attempt "
+         "that advanced at least N steps beyond the last one (poprun_py.dist.heartbeat(step=N), "
+         "or --progress-file written); else stop with the attempt's exit code.",
+         "defaults.min_progress", metavar="N"),
+    Flag("progress_file", ("--progress-file",), Str, None, H_LONG, "A checkpoint on this "
+         "machine (or a filesystem it shares): an attempt that wrote it (its modification time "
+         "advanced) made progress, for --min-progress.", "defaults.progress_file",
+         path="path", metavar="PATH"),
     Flag("spare_hosts", ("--spare-hosts",), Str, None, H_LONG, "Hosts held back to replace a "
          "lost one on a restart: host syntax, or N (the last N hosts given). Default: the "
          "spec's spares.", "spares", path="@"),

@@ -99,6 +99,8 @@ class LaunchResult:
     replaced: tuple[tuple[str, str], ...] = ()  # (lost host, spare) in this attempt's plan
     job_dir: str = ""  # where the job's files were left ("": removed after success, or none)
     hang: Hang | None = None  # the verdict of the stacks dumped when an instance hung
+    last_step: int | None = None  # the furthest step an instance reported (dist.heartbeat)
+    wrote_progress_file: bool = False  # --progress-file's mtime advanced during the attempt
 
     @property
     def failures(self) -> tuple[InstanceResult, ...]:

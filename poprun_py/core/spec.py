@@ -83,6 +83,8 @@ class Defaults:
     timeout: float | None = None  # seconds
     hang_timeout: float | None = None
     host_timeout: float | None = None  # seconds of silence after which a host is lost
+    min_progress: int | None = None  # steps an attempt must advance to be restarted
+    progress_file: str | None = None  # a checkpoint whose mtime says the attempt advanced
     strict_shards: bool | None = None  # refuse uneven input shards (--strict-shards)
 
 

@@ -46,9 +46,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import select
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,7 +60,7 @@ from poprun_py.core.stacks import Hang
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
 from poprun_py.hostside import private
 from poprun_py.launch.clocks import Clocks, describe
-from poprun_py.prepare.job import Prepared, spares_only, with_hosts_replaced
+from poprun_py.prepare.job import LongRun, Prepared, spares_only, with_hosts_replaced
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control
 from poprun_py.render.job import RenderedJob
@@ -126,6 +127,10 @@ class Attempts:
             done.append(result)
             if result.ok or result.interrupted or self.control.interrupted:
                 break
+            stalled = no_progress(prep.long_run, done)
+            if stalled and k < limit:
+                ANNOUNCE.info("%s", stalled)
+                return _history(replace(result, restart_failed=stalled), done)
         if done[-1].ok and not (self.settings.output_dir or self.settings.keep_job_dir):
             session.tidy(job_dir)  # the hosts' copies; the launcher removes this machine's
         return _history(done[-1], done)
@@ -179,6 +184,7 @@ class Attempts:
         hosts = {cmd.index: cmd.host for cmd in job.instances}
         progress = Progress(hosts)
         run_opts = self.options(prep, k, progress)
+        written = _mtime(prep.long_run.progress_file)
         self.control.arm()  # from now on a signal stops the instances instead of raising
         long_run = prep.long_run
         clocks = Clocks(
@@ -198,7 +204,14 @@ class Attempts:
         pairs = tuple(sorted(replaced.items()))
         if clocks.hang is not None:
             self._record_hang(clocks.hang, k, job_dir)
-        return replace(result, cause=clocks.cause or result.cause, replaced=pairs, hang=clocks.hang)
+        return replace(
+            result,
+            cause=clocks.cause or result.cause,
+            replaced=pairs,
+            hang=clocks.hang,
+            last_step=progress.last_step,
+            wrote_progress_file=_mtime(prep.long_run.progress_file) != written,
+        )
 
     def _pause(self, delay: float) -> bool:
         """Wait ``delay`` seconds before a restart, whatever wakes the Control's pipe meanwhile
@@ -293,7 +306,38 @@ def _announce_restart(failed: LaunchResult, k: int, limit: int, delay: float) ->
     )
 
 
+def _mtime(path: str | None) -> float | None:
+    """``path``'s modification time (None: no path, or no such file)."""
+    if path is None:
+        return None
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def no_progress(long_run: LongRun, done: Sequence[LaunchResult]) -> str:
+    """Why the last of ``done`` is not restarted (``--min-progress``: it got fewer than N
+    steps further than the attempt before, and did not write ``--progress-file``), or ""."""
+    need, last = long_run.min_progress, done[-1]
+    if need is None or last.wrote_progress_file:
+        return ""
+    k = len(done) - 1
+    before = done[-2].last_step if k else None
+    if last.last_step is not None and last.last_step - (before or 0) >= need:
+        return ""
+    if last.last_step is None:
+        got = "no step reported"
+    elif before is None:
+        got = f"last step {last.last_step}"
+    else:
+        got = f"last step {last.last_step}; attempt {k - 1} reached {before}"
+    written = f", {long_run.progress_file} not written" if long_run.progress_file else ""
+    return f"attempt {k} made no progress ({got}{written}; --min-progress {need}): not restarting"
+
+
 def _history(last: LaunchResult, done: list[LaunchResult]) -> LaunchResult:
-    """The last attempt's result, carrying the earlier ones."""
-    earlier = tuple(r for r in done if r is not last)
+    """The last attempt's result (``done[-1]``, or a copy of it with more said), carrying the
+    earlier ones."""
+    earlier = tuple(done[:-1])
     return replace(last, attempts=earlier) if earlier else last

@@ -99,6 +99,8 @@ class LaunchOptions:
     spare_hosts: str | None = None
     host_timeout: str | None = None  # a duration (90s, 45m, 2h, or seconds), parsed here
     strict_shards: bool | None = None
+    min_progress: int | None = None
+    progress_file: str | None = None
 
     @property
     def ssh(self) -> SshOptions:
@@ -115,6 +117,8 @@ class LongRun:
     timeout: float | None = None
     hang_timeout: float | None = None
     spares: tuple[HostSpec, ...] = ()
+    min_progress: int | None = None  # steps an attempt must advance to be restarted
+    progress_file: str | None = None  # or this file's mtime advanced during the attempt
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,12 @@ def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> Lo
     if hang is not None and hang <= 0:
         raise UsageError(f"--hang-timeout must be more than 0, got {hang:g}")
     timeout = parse_duration(opts.timeout, "--timeout") if opts.timeout else d.timeout
-    return LongRun(restarts, float(delay), timeout, hang, cluster.spares)
+    progress = opts.min_progress if opts.min_progress is not None else d.min_progress
+    if progress is not None and progress < 1:
+        raise UsageError(f"--min-progress must be 1 or more, got {progress}")
+    watched = opts.progress_file or d.progress_file
+    watched = os.path.abspath(watched) if watched else None
+    return LongRun(restarts, float(delay), timeout, hang, cluster.spares, progress, watched)
 
 
 def _host_timeout(opts: LaunchOptions, cluster: ClusterSpec) -> float:

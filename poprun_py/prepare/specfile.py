@@ -96,6 +96,8 @@ _DEFAULTS = Obj(
         "timeout": Str(min_len=1),
         "hang_timeout": Float(gt=0),
         "host_timeout": Either((Float(gt=0), Str(min_len=1))),  # seconds, or 90s/45m/2h
+        "min_progress": Int(ge=1),
+        "progress_file": Str(min_len=1),
         "strict_shards": Bool(),
     }
 )
@@ -268,6 +270,8 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
                 ("defaults", "host_timeout"),
             ),
             strict_shards=d.strict_shards,
+            min_progress=d.min_progress,
+            progress_file=d.progress_file,
         ),
         spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from poprun_py.core.result import OutputSink, RunOptions
 from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.hostside import private, supervision
-from poprun_py.process.progress import MARKERS
+from poprun_py.process.progress import is_marker
 
 if TYPE_CHECKING:
     from poprun_py.render.job import RenderedJob
@@ -87,7 +87,7 @@ class Output:
         if self._progress is not None:
             for line in lines:
                 self._progress.seen(index, line)
-        kept = [x for x in lines if x[:2] != b"\x1b[" or x.rstrip(b"\r") not in MARKERS]
+        kept = [x for x in lines if not is_marker(x)]
         if not kept:
             return
         log = self._logs.get(index)

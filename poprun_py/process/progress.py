@@ -66,8 +66,10 @@ def step_of(line: bytes) -> int | None:
 
 def is_marker(line: bytes) -> bool:
     """``line`` (without its newline) is one of poprun-py's markers, which are swallowed."""
+    if line[:2] != b"\x1b[":  # most lines: one comparison
+        return False
     text = line.rstrip(b"\r")
-    return text[:2] == b"\x1b[" and (text in MARKERS or step_of(text) is not None)
+    return text in MARKERS or step_of(text) is not None
 
 
 RECORDED_LINES = 2000

@@ -40,7 +40,7 @@ from poprun_py.core.result import (
     RunSettings,
 )
 from poprun_py.errors import Fault, PreflightError
-from poprun_py.process.progress import FAULTHANDLER, MARKERS
+from poprun_py.process.progress import FAULTHANDLER, is_marker
 from poprun_py.providers.base import ProvisionContext
 from poprun_py.providers.records import Node, ProvisionRecord, Resource
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 SIGKILL = 9
 SIGUSR1 = 10
-MARKER_TEXTS = tuple(m.decode() for m in MARKERS)
 
 
 @dataclass(frozen=True)
@@ -209,7 +208,7 @@ class FakeRunning:
     def _say(self, index: int, stream: str, line: str) -> None:
         if self.options.progress is not None:
             self.options.progress.seen(index, line)
-        if self.options.sink is not None and line not in MARKER_TEXTS:
+        if self.options.sink is not None and not is_marker(line.encode()):
             self.options.sink(index, stream, line)
 
     def wait(self) -> LaunchResult:
