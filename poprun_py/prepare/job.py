@@ -119,6 +119,8 @@ class LongRun:
     spares: tuple[HostSpec, ...] = ()
     min_progress: int | None = None  # steps an attempt must advance to be restarted
     progress_file: str | None = None  # or this file's mtime advanced during the attempt
+    check_timeout: float | None = None  # --check: a spare passes the check before it is used
+    check_torch: bool = False  # --check-torch: that check runs torch's Gloo all-reduce too
 
 
 @dataclass(frozen=True)
