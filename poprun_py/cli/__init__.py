@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from poprun_py.cli.app import app
+from poprun_py.cli.app import app, root
 from poprun_py.errors import EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, PreflightError
 
 PROG = "poprun-py"
@@ -61,6 +61,7 @@ def _index_app() -> Any:
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
+    index.callback()(root)
     for name, (_, text) in COMMANDS.items():
         index.command(name, help=text, add_help_option=False)(_unavailable)
     return index

@@ -7,9 +7,11 @@ paramiko, jinja2, pydantic) are imported inside command functions only, so ``--h
 
 Example:
 
-    >>> from poprun_py.cli.app import app
+    >>> from poprun_py.cli.app import app, version_line
     >>> app.info.name
     'poprun-py'
+    >>> version_line()  # doctest: +ELLIPSIS
+    'poprun-py ...'
 """
 
 from __future__ import annotations
@@ -31,6 +33,38 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def version_line() -> str:
+    """``poprun-py X.Y.Z``: the installed distribution's version, else ``poprun_py.__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("poprun-py")
+    except PackageNotFoundError:
+        from poprun_py import __version__ as number
+    return f"poprun-py {number}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+def root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Show poprun-py's version and exit.",
+        is_eager=True,
+        callback=_show_version,
+    ),
+) -> None:
+    """The top-level options (``--version``); a command always follows."""
+
+
+app.callback()(root)
 
 PROGRAM_CONTEXT = {"allow_interspersed_args": False}
 """Context for commands taking ``PROGRAM [ARGS]...``: everything after PROGRAM is the program's."""
