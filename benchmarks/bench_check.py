@@ -98,11 +98,11 @@ def discovery_cost(cluster: TestCluster, spec: Path, runs: int) -> dict[str, flo
     with ConnectionPool(list(prep.plan.cluster.hosts), settings) as pool:
         agents = AgentPool(pool)
         try:
-            agents.map(lambda a: a.run(["true"]), connect=True)  # agents up
+            agents.each(lambda a: a.run(["true"]), connect=True)  # agents up
             for _ in range(runs * 3):
                 for name, checks in cases.items():
                     t0 = time.perf_counter()
-                    agents.map(lambda a, c=checks: a.run(checks_argv(c, False)))
+                    agents.each(lambda a, c=checks: a.run(checks_argv(c, False)))
                     times[name].append(time.perf_counter() - t0)
         finally:
             agents.close()

@@ -108,7 +108,7 @@ def breakdown(cluster: TestCluster, runs: int) -> list[tuple[str, float]]:
             t0 = time.perf_counter()
             pool.open_all()
             t1 = time.perf_counter()
-            pool.map(lambda c: c.run(["true"]))
+            pool.each(lambda c: c.run(["true"]))
             t2 = time.perf_counter()
             conn = pool.connections[hosts[0].name]
             t3 = time.perf_counter()

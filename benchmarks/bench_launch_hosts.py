@@ -149,7 +149,7 @@ def breakdown(spec: Path, runs: int) -> list[tuple[str, float]]:
                 assert backend.run(job, quiet).ok
                 t3 = time.perf_counter()
                 if not agents:
-                    pool.map(lambda conn: conn.run(["true"]))
+                    pool.each(lambda conn: conn.run(["true"]))
                     parts["connect"].append(t1 - t0)
                     parts["exec"].append(time.perf_counter() - t3)
             tag = "agents" if agents else "pool"

@@ -113,16 +113,6 @@ class AgentPool:
             raise ConnectionLost(host, f"no open connection to host {host}")
         return self.agent(conn)
 
-    def map(
-        self,
-        fn: Callable[[AgentConnection], T],
-        hosts: Iterable[str] | None = None,
-        *,
-        connect: bool = False,
-    ) -> dict[str, T | BaseException]:
-        """``fn`` on every host's agent in parallel (see ConnectionPool.map); every outcome."""
-        return self.pool.map(lambda conn: fn(self.agent(conn)), hosts, connect=connect)
-
     def each(
         self,
         fn: Callable[[AgentConnection], T],

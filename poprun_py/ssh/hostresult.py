@@ -13,10 +13,13 @@ Example:
     Traceback (most recent call last):
     ...
     TimeoutError: slow
+    >>> values({"h1": ok, "h2": HostResult("x")})
+    {'h1': 3, 'h2': 'x'}
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
@@ -41,3 +44,9 @@ class HostResult(Generic[T]):
         if self.fault is not None:
             raise self.fault
         return cast(T, self.returned)
+
+
+def values(results: Mapping[str, HostResult[T]]) -> dict[str, T]:
+    """Every host's value, when every host has one; else the first fault, in host order, is
+    raised (for callers that want all or nothing)."""
+    return {host: result.value for host, result in results.items()}

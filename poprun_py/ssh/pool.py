@@ -172,18 +172,6 @@ class ConnectionPool:
             raise PreflightError([failed[h.name].fault() for h in self.hosts if h.name in failed])
         return dict(self.connections)
 
-    def map(
-        self,
-        fn: Callable[[Connection], T],
-        hosts: Iterable[str] | None = None,
-        *,
-        connect: bool = False,
-    ) -> dict[str, T | BaseException]:
-        """:meth:`each`, every outcome as its value or its fault itself (the view of
-        :class:`~poprun_py.preflight.probes.RunnerPool`)."""
-        results = self.each(fn, hosts, connect=connect)
-        return {h: r.value if r.fault is None else r.fault for h, r in results.items()}
-
     def each(
         self,
         fn: Callable[[Connection], T],

@@ -26,6 +26,7 @@ from poprun_py.providers.local import LocalProvider
 from poprun_py.providers.netns import TestCluster, destroy_cluster, host_pids, list_clusters
 from poprun_py.providers.reach import wait_for_ssh
 from poprun_py.providers.setup import MARKER_ROOT
+from poprun_py.ssh.hostresult import values
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster, require_hosts, session_tag
@@ -104,8 +105,8 @@ def hostnames(inventory: Path) -> dict[str, str]:
     settings = SshSettings(known_hosts=Path(spec.known_hosts), accept_new_host_keys=False)
     with ConnectionPool(list(spec.hosts), settings) as pool:
         pool.open_all()
-        results = pool.map(lambda conn: conn.run(["hostname"]))
-    return {host: r.stdout.strip() for host, r in results.items()}  # type: ignore[union-attr]
+        results = values(pool.each(lambda conn: conn.run(["hostname"])))
+    return {host: r.stdout.strip() for host, r in results.items()}
 
 
 def test_up_launch_down_end_to_end(cluster_name: str, state_dir: Path, tmp_path: Path) -> None:

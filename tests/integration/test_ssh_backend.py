@@ -36,6 +36,7 @@ from poprun_py.prepare.discover import discover_local
 from poprun_py.process import supervise
 from poprun_py.providers.netns import TestCluster, host_pids
 from poprun_py.render import job as render
+from poprun_py.ssh.hostresult import values
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from tests.hostfixtures import MakeCluster
@@ -595,7 +596,7 @@ def test_preflight_and_the_job_share_one_agent_session_per_host(
         agents = AgentPool(pool)
         report = preflight(agents, plan)  # type: ignore[arg-type]
         assert report.faults == () and None not in report.topologies.values()
-        parents = agents.map(lambda agent: agent.run(["sh", "-c", "echo $PPID"]).stdout.strip())
+        parents = values(agents.each(lambda a: a.run(["sh", "-c", "echo $PPID"]).stdout.strip()))
         lines: Lines = []
         sink = lambda i, s, line: lines.append((i, s, line))  # noqa: E731
         result = SshBackend(agents).run(

@@ -19,6 +19,7 @@ from poprun_py.errors import PreflightError
 from poprun_py.preflight.probes import preflight
 from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.errors import RemoteTimeout
+from poprun_py.ssh.hostresult import values
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from tests.integration.helpers import sshd_log_count, unique_digits
@@ -94,8 +95,8 @@ def test_connect_and_run_on_four_hosts_over_one_connection_each(
     before = logins(test_cluster_4)
     with ConnectionPool(hosts, settings) as pool:
         conns = pool.open_all()
-        names = pool.map(lambda c: c.run(["hostname"]).stdout.strip())
-        again = pool.map(lambda c: c.run(["sh", "-c", "exit 7"]).exit_code)
+        names = values(pool.each(lambda c: c.run(["hostname"]).stdout.strip()))
+        again = values(pool.each(lambda c: c.run(["sh", "-c", "exit 7"]).exit_code))
         for conn in conns.values():
             conn.put_text(str(tmp_path / conn.name / "x"), "x")
         assert pool.connections == conns

@@ -26,7 +26,7 @@ from poprun_py.jobs.record import (
 )
 from poprun_py.ssh.errors import Cancelled, ConnectionLost, RemoteTimeout
 from poprun_py.ssh.fanout import EXIT_TIMEOUT, EXIT_UNREACHABLE, HostOutcome, _outcome
-from poprun_py.ssh.hostresult import HostResult
+from poprun_py.ssh.hostresult import HostResult, values
 from poprun_py.ssh.pool import ConnectionPool
 from poprun_py.ssh.settings import SshSettings
 from poprun_py.ssh.sync import HostSync, _report
@@ -147,15 +147,17 @@ def answer(conn: Any) -> str:
 def test_each_gives_a_value_or_a_typed_fault_per_host() -> None:
     with fake_group("up", "down", "bad") as pool:
         got = pool.each(answer)
-        loose = pool.map(answer)
+        fine = pool.each(answer, ["up"])
     assert list(got) == ["up", "down", "bad"]
     assert got["up"].ok and got["up"].value == "UP" and got["up"].fault is None
     assert not got["down"].ok and isinstance(got["down"].fault, ConnectionLost)
     assert str(got["down"].fault) == "host down: connection lost"
     with pytest.raises(ValueError, match="bad answer"):
         got["bad"].value
-    assert loose["up"] == "UP"
-    assert [type(loose[h]).__name__ for h in ("down", "bad")] == ["ConnectionLost", "ValueError"]
+    assert values(fine) == {"up": "UP"}
+    with pytest.raises(ConnectionLost):  # all or nothing: the first fault, in host order
+        values(got)
+    assert not hasattr(pool, "map")  # results are typed: no T | BaseException view
 
 
 def test_each_on_some_hosts_and_a_none_value_is_a_value() -> None:
