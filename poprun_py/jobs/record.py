@@ -86,6 +86,7 @@ class JobRecord:
     ended: float | None = None
     exit_code: int | None = None
     reason: str = ""
+    hang: dict[str, Any] | None = None  # the last hang's verdict (core/stacks.Hang.to_json)
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:  # job.json holds the state's text

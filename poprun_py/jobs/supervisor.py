@@ -26,12 +26,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from poprun_py.hostside import hostops, private
 from poprun_py.jobs.place import READY
@@ -61,10 +62,25 @@ class Recorder:
         self._answer(b"running\n")
 
     def ended(self, code: int, reason: str, *, interrupted: bool) -> None:
-        """The job is over; a client still waiting hears why it did not start."""
+        """The job is over; a client still waiting hears why it did not start. The last
+        hang's verdict, if one was written to the logs, goes into the record."""
         self.record = ended(self.record, code, reason, interrupted=interrupted)
+        self.record = replace(self.record, hang=self._last_hang())
         self.write()
         self._answer(f"error {code} {reason}".encode())
+
+    def _last_hang(self) -> dict[str, Any] | None:
+        """The verdict of the last attempt that hung (``hang*.json`` in the logs), or None."""
+        logs = Path(self.record.options.get("output_dir") or self.job_dir / "logs")
+        mine = [p for p in logs.glob("hang*.json") if p.stat().st_mtime >= self.record.created]
+        found = sorted(mine, key=lambda p: p.stat().st_mtime)  # not an earlier job's, in -o
+        if not found:
+            return None
+        try:
+            verdict: dict[str, Any] = json.loads(found[-1].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return verdict
 
     def _answer(self, message: bytes) -> None:
         if self._fd < 0:

@@ -107,3 +107,22 @@ def test_logs_of_an_instance_the_job_does_not_have_is_exit_2() -> None:
     assert proc.stderr.strip() == (
         f"poprun-py: error: logs --instance 99: job {job} has 2 instance(s), 0 to 1"
     )
+
+
+@pytest.mark.requires("pgrep")
+def test_a_detached_jobs_record_carries_the_hangs_verdict(tmp_path: Path) -> None:
+    from tests.integration.test_long_run_hosts import HANG_IN_A_FUNCTION
+
+    program = tmp_path / "hang.py"
+    program.write_text(HANG_IN_A_FUNCTION)
+    launch = ["launch", "--hosts", "localhost", "-n", "4", "--hang-timeout", "2", "--detach"]
+    proc = poprun_cli(*launch, "--", "python3", str(program))
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.splitlines()[-1]
+    waited = poprun_cli("wait", job)
+    assert waited.returncode == 124, waited.stderr
+    rows = json.loads(poprun_cli("jobs", "--format", "json").stdout)
+    (hang,) = [r["hang"] for r in rows if r["id"] == job]
+    assert hang["verdict"].startswith("3 of 4 ranks wait in all_reduce (hang.py:10); rank 2"), hang
+    assert [g["ranks"] for g in hang["groups"]] == [[2], [0, 1, 3]]
+    assert left_behind(f"supervise {job}") == []
