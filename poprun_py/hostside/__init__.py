@@ -8,7 +8,13 @@ shipped to a host that has nothing of poprun-py (the client imports them too).
 - their parts: :mod:`~poprun_py.hostside.binding` (CPU and memory binding syscalls),
   :mod:`~poprun_py.hostside.identity` (a process by pid and start time),
   :mod:`~poprun_py.hostside.private` (files only their owner reads),
-  :mod:`~poprun_py.hostside.stackdump` (stacks of Python ranks).
+  :mod:`~poprun_py.hostside.stackdump` (stacks of Python ranks),
+  :mod:`~poprun_py.hostside.supervision` (the one supervision core: spawn, bind, lines, grace,
+  leftovers; the local backend uses it too).
+
+:mod:`~poprun_py.hostside.bundle` (client side) ships them: one bundle per program, its
+``poprun_py.hostside`` imports inlined, compiled once, run by one bootstrap (bytecode where the
+host's Python has the same magic number, else the source).
 
 Example:
 

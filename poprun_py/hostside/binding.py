@@ -9,10 +9,9 @@ process in between. ``set_mempolicy``/``get_mempolicy`` are plain syscalls throu
 without NUMA policies, or an architecture not in the table: ENOSYS) memory stays unbound and
 CPUs are still bound.
 
-Standard library only, Python 3.7+ syntax, and no import of poprun_py: the ssh backend ships
-this module inside the remote agent's source (:func:`poprun_py.backends.ssh.agent_payload`
-inlines it in place of ``poprun_py/hostside/agent.py``'s import line), so the local backend and the
-agent bind with the same code.
+Standard library only, Python 3.7+ syntax, and no import of poprun_py: the agent ships this
+module inside its own source (:mod:`poprun_py.hostside.bundle` inlines it in place of the import
+line), so the local backend and the agent bind with the same code.
 
 Example:
 

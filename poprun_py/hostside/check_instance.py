@@ -14,10 +14,10 @@ got list its planned devices (``POPRUN_DEVICES``) and that its host has those de
 
 Sixteen instances starting at once on a host of 2 cores wait for each other's imports, so this
 module imports only C modules of the standard library (``_socket``, ``_thread``, ``struct``,
-``math``) and writes its JSON itself (:func:`dumps`); ``poprun-py check`` runs it with
-``python -c`` (:data:`poprun_py.launch.check.CHECK_MAIN`, :func:`program`), which skips
-runpy's imports. The hosts need nothing of poprun-py: this source ships in each instance's
-environment, and runs on Python 3.7 or later.
+``math``) and writes its JSON itself (:func:`dumps`); ``poprun-py check`` runs it through
+the one bootstrap of :mod:`poprun_py.hostside.bundle` (no runpy, whose imports it skips). The
+hosts need nothing of poprun-py: the bundle ships in each instance's environment (by the
+variable's name, never in an argv), and runs on Python 3.7 or later.
 
 Each instance prints one line ``POPRUN-CHECK {json}`` and exits 0 whether the check passed or
 not (so that the launch's fail-fast does not stop the others before they report); it exits 1
@@ -424,7 +424,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m poprun_py.hostside.check_instance [--timeout S] [--bytes N] [--torch 1]``
-    (or this module's source run by :data:`poprun_py.launch.check.CHECK_MAIN`)."""
+    (or this module's bundle, run by :mod:`poprun_py.hostside.bundle`'s bootstrap)."""
     args = sys.argv[1:] if argv is None else argv
     opts = dict(zip(args[::2], args[1::2]))  # noqa: B905 (no strict= on Python 3.7)
     report = run(

@@ -41,7 +41,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from poprun_py.hostside.private import (  # inlined (hostops ships alone): place.hostops_source
+from poprun_py.hostside.private import (  # inlined (hostops ships alone): bundle
     UnsafePath,
     job_root,
     private_dir,

@@ -10,7 +10,7 @@ A process group whose leader was reaped at ``tick`` is ours only while some memb
 then (:func:`ours`): a group that took its number afterwards began after the reap, and so did
 every process in it.
 
-Stdlib only, Python 3.7: the host agent ships it inlined (:mod:`poprun_py.agent.client`);
+Stdlib only, Python 3.7: the host agent ships it inlined (:mod:`poprun_py.hostside.bundle`);
 the local supervisor (:mod:`poprun_py.process.supervise`) uses the same functions.
 
 Example:

@@ -1,6 +1,6 @@
 """The job root and private files: the one way poprun-py writes a file only its user may read,
 here and on every host (host-side: standard library only, Python 3.7+; inlined into the agent
-and into ``hostops`` when they ship, see :data:`poprun_py.agent.client.INLINED`).
+and into ``hostops`` when they ship, by :mod:`poprun_py.hostside.bundle`).
 
 - :func:`job_root`: this user's tree of job directories on this host, keyed on the uid:
   ``$POPRUN_PY_JOB_ROOT``, else ``/tmp/poprun-py-UID`` (the same path on every host: rendered

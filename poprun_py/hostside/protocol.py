@@ -1,8 +1,8 @@
 """The agent protocol, specified once: what poprun-py and the per-host agent
 (:mod:`poprun_py.hostside.agent`) say to each other over the agent's SSH channel, one record a line.
 Both sides use these names; the agent ships alone, so this module (plain assignments only, the
-standard library's Python 3.7) is pasted into its source in place of its import
-(:func:`poprun_py.agent.client.agent_payload`).
+standard library's Python 3.7) is inlined into its source in place of its import
+(:mod:`poprun_py.hostside.bundle`).
 
 poprun-py to the agent (its stdin):
 

@@ -76,10 +76,11 @@ def request(host: str, command: str) -> bytes:
 
 def received_lines(sock: _socket.socket) -> Iterator[bytes]:
     """The lines ``sock`` receives (without their newline) until it closes."""
-    buffer = b""
-    while chunk := sock.recv(65536):
+    buffer, chunk = b"", sock.recv(65536)
+    while chunk:
         *lines, buffer = (buffer + chunk).split(b"\n")
         yield from lines
+        chunk = sock.recv(65536)
 
 
 def relay(lines: Iterable[bytes], out: BinaryIO, err: BinaryIO) -> int | None:

@@ -41,8 +41,8 @@ import shutil
 import signal
 import subprocess
 
-from poprun_py.hostside.binding import bound  # inlined with this module: agent_payload
-from poprun_py.hostside.identity import (  # inlined with this module: agent_payload
+from poprun_py.hostside.binding import bound  # inlined with this module: bundle
+from poprun_py.hostside.identity import (  # inlined with this module: bundle
     belonging,
     boot_ticks,
     signal_left,

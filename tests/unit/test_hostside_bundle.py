@@ -23,7 +23,6 @@ HOSTSIDE = Path(B.__file__).parent
 MODULES = sorted(p.stem for p in HOSTSIDE.glob("*.py"))
 ENTRIES = ("agent", "hostops", "check_instance")
 OPTIONAL = {"torch"}  # check_instance's Gloo all-reduce, only with --torch 1 where torch is
-NEWER = pytest.mark.xfail(strict=True, reason="rsh_shim uses := (3.8); it runs here, not shipped")
 
 
 def imported(tree: ast.AST) -> list[str]:
@@ -41,9 +40,7 @@ def bare_env(**extra: str) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], **extra}
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(m, marks=[NEWER] * (m == "rsh_shim")) for m in MODULES]
-)
+@pytest.mark.parametrize("name", MODULES)
 def test_every_hostside_module_imports_only_the_stdlib_and_hostside_and_parses_as_3_7(
     name: str,
 ) -> None:
