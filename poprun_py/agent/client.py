@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import posixpath
-import select
 import signal
 import threading
 import time
@@ -44,6 +43,7 @@ from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside import protocol as P
 from poprun_py.hostside.bundle import over_stdin, payload, warm_up
+from poprun_py.hostside.supervision import readable
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
@@ -235,7 +235,7 @@ class AgentConnection:
             wait = None if deadline is None else deadline - time.monotonic()
             if wait is not None and wait <= 0:
                 raise RemoteTimeout(self.name, f"the agent on {self.name} did not answer")
-            select.select([self.stream], [], [], wait)
+            readable([self.stream], wait)
             data, ended = self.receive()
             self.buffer += data
             if ended and b"\n" not in self.buffer:

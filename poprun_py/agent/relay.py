@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import select
 import shutil
 import socket
 import tempfile
@@ -69,6 +68,7 @@ from poprun_py.agent.client import (
 )
 from poprun_py.hostside import protocol as P
 from poprun_py.hostside.rsh_shim import SOCKET_VAR, uses_relay
+from poprun_py.hostside.supervision import readable
 
 if TYPE_CHECKING:
     from poprun_py.agent.client import AgentConnection, AgentPool
@@ -348,7 +348,7 @@ class _Session:
         stream = link.agent.stream
         while not link.done and time.monotonic() < self.relay.give_up_at:
             watched: list[Any] = [stream, self.sock] if self.shim_open else [stream]
-            ready, _, _ = select.select(watched, [], [], self.relay.timing.heartbeat)
+            ready = readable(watched, self.relay.timing.heartbeat)
             if self.sock in ready:
                 self.read_shim(link)
             if stream in ready or link.pending():

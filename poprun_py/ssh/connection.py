@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-import select
 import shlex
 import threading
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from poprun_py.core.spec import HostSpec
+from poprun_py.hostside.supervision import readable
 from poprun_py.ssh.commands import env_block, remote_command
 from poprun_py.ssh.errors import Cancelled, ConnectionLost, RemoteTimeout, TransportError
 from poprun_py.ssh.settings import Endpoint
@@ -280,7 +280,7 @@ class _Reader:
             wait = self._wait(deadline)
             if wait is not None and wait <= 0:
                 return self._why()
-            select.select([chan], [], [], wait)
+            readable([chan], wait)
             self.drain()
         self.drain()
         while not (chan.status_event.is_set() or chan.closed):

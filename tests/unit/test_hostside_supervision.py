@@ -165,3 +165,27 @@ def test_the_core_is_standard_library_python_3_7() -> None:
     ours = {m for m in imported if m.startswith("poprun_py")}
     assert ours == {"poprun_py.hostside.binding", "poprun_py.hostside.identity"}
     assert {m for m in imported - ours if m.split(".")[0] not in sys.stdlib_module_names} == set()
+
+
+def test_readable_takes_descriptors_past_1023_where_select_cannot() -> None:
+    import resource
+    import select
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: no descriptor 1500 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    r, w = os.pipe()
+    high = os.dup2(r, 1500)
+    try:
+        with pytest.raises(ValueError):  # what a launch to 1,024 hosts met (issue 24)
+            select.select([high], [], [], 0)
+        assert S.readable([high], 0) == []
+        os.write(w, b"x")
+        assert set(S.readable([high, r], 1.0)) == {high, r}  # one pipe, two descriptors
+        os.close(w)
+        assert S.readable([high], 1.0) == [high]  # its end is readable too
+    finally:
+        for fd in (high, r):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
