@@ -119,18 +119,20 @@ def _prune(
     sys.stderr.write(f"poprun-py: pruned {len(pruned)} ended job(s){names}\n")
 
 
-def _print_table(records: list[JobRecord]) -> None:
-    from rich.table import Table
+JOB_COLUMNS = ("job", "state", "hosts", "started", "attempts", "code")
 
+
+def _print_table(records: list[JobRecord]) -> None:
+    """One line per job, as wide as the output (80 columns when piped): the id comes first and
+    is never cut, nor is any column but the hosts (cut short, or left out when even its header
+    does not fit: ``--format json`` has them all)."""
+    from poprun_py.core.views import fitted_lines
     from poprun_py.jobs.record import summary_row
     from poprun_py.ssh.fanout import nodeset
 
-    table = Table(box=None, header_style="bold")
-    for column in ("job", "state", "hosts", "started", "attempts", "code"):
-        table.add_column(column)
-    for record in records:
-        table.add_row(*summary_row(record, nodeset))
-    console().print(table)
+    rows = [list(summary_row(record, nodeset)) for record in records]
+    lines = fitted_lines(JOB_COLUMNS, rows, console().width, shrink=JOB_COLUMNS.index("hosts"))
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
 
 
 @app.command("logs")

@@ -145,6 +145,36 @@ def table_lines(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def fitted_lines(
+    columns: tuple[str, ...], rows: list[list[str]], width: int, shrink: int
+) -> list[str]:
+    """:func:`table_lines` at most ``width`` wide where it can be: only column ``shrink`` gives
+    way -- its cells are cut (ending in "…") down to its header's width, and it is left out
+    when even that is too wide. The other columns stay whole, so a line is wider than
+    ``width`` when they alone are.
+
+    >>> fitted_lines(("id", "hosts"), [["job-1", "node[01-16]"]], 13, shrink=1)
+    ['id     hosts', 'job-1  node[…']
+    >>> fitted_lines(("id", "hosts"), [["job-1", "node[01-16]"]], 8, shrink=1)
+    ['id', 'job-1']
+    """
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over <= 0:
+        return table_lines(columns, rows)
+    if widths[shrink] - over < len(columns[shrink]):
+        drop = [*columns[:shrink], *columns[shrink + 1 :]]
+        return table_lines(tuple(drop), [[*r[:shrink], *r[shrink + 1 :]] for r in rows])
+    room = widths[shrink] - over
+    return table_lines(
+        columns, [[*r[:shrink], _cut(r[shrink], room), *r[shrink + 1 :]] for r in rows]
+    )
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def instance_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
     """The per-instance table, at most ``limit`` rows (the JSON has them all)."""
     rows = [instance_row(plan, inst) for inst in plan.instances[:limit]]

@@ -4,14 +4,24 @@ and the instance table's detail -- asserted as the printed text."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import poprun_py
-from poprun_py.cli import run
+from poprun_py.cli import jobs_cmd, run
+from poprun_py.cli.app import app
+from poprun_py.core.views import fitted_lines
+from poprun_py.jobs import registry
+from poprun_py.jobs.record import JobRecord, JobState
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,3 +41,95 @@ def test_version_is_listed_in_the_top_level_help_without_importing_commands() ->
     ).stdout
     assert "  --version   Show poprun-py's version and exit.\n" in out
     assert out.splitlines()[-1] == "['poprun_py.cli.app']"
+
+
+JOBS = [
+    ("adhoc", 2, "succeeded", 0),
+    ("testhosts-4", 4, "failed", 143),
+    ("pod16", 16, "running", None),
+]
+JOBS_PIPED = """\
+job                               state      started              attempts  code
+adhoc-20261201-210500-3f2a        succeeded  2025-12-01 21:05:01  1         0
+testhosts-4-20261201-210501-3f2a  failed     2025-12-01 21:05:02  2         143
+pod16-20261201-210502-3f2a        running    2025-12-01 21:05:03  3
+"""
+
+
+@pytest.fixture
+def jobs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """Three detached jobs in this machine's list, their ends known (no host is asked)."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "POPRUN_PY_JOB_ROOT": str(root)}
+    env["TZ"] = "UTC"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    time.tzset()
+    for i, (cluster, n, state, code) in enumerate(JOBS):
+        job_id = f"{cluster}-20261201-21050{i}-3f2a"
+        record = JobRecord(
+            job_id,
+            hosts=tuple(f"node{j:02d}" for j in range(1, n + 1)),
+            created=1764623100.0 + i,
+            state=JobState(state),
+            attempts=1 + i,
+            started=1764623101.0 + i,
+            exit_code=code,
+        )
+        ended = {k: v for k, v in asdict(record).items() if k != "options"}
+        registry.save(registry.Entry(job_id, "h1", ended=ended))
+    yield env
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_jobs_at_80_columns_keeps_ids_and_start_times_whole(jobs_here: dict[str, str]) -> None:
+    result = CliRunner().invoke(app, ["jobs"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert result.output == JOBS_PIPED
+    assert result.output.split()[:2] == list(jobs_cmd.JOB_COLUMNS[:2])
+    assert max(map(len, result.output.splitlines())) <= 80
+
+
+def test_jobs_piped_from_a_real_process_gives_whole_ids(jobs_here: dict[str, str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    out = subprocess.run(
+        [sys.executable, "-m", "poprun_py", "jobs"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        env={**env, **jobs_here},
+    ).stdout
+    assert out == JOBS_PIPED
+    ids = [line.split()[0] for line in out.splitlines()[1:]]
+    assert ids == [f"{c}-20261201-21050{i}-3f2a" for i, (c, *_) in enumerate(JOBS)]
+
+
+def test_jobs_a_little_too_wide_cut_the_hosts_only(
+    jobs_here: dict[str, str],
+) -> None:
+    registry.remove("testhosts-4-20261201-210501-3f2a")
+    result = CliRunner().invoke(app, ["jobs"], env={"COLUMNS": "85"})
+    assert result.output.splitlines()[:3] == [
+        "job                         state      hosts      started              attempts  code",
+        "adhoc-20261201-210500-3f2a  succeeded  node[01-…  2025-12-01 21:05:01  1         0",
+        "pod16-20261201-210502-3f2a  running    node[01-…  2025-12-01 21:05:03  3",
+    ]
+
+
+def test_a_wide_output_shows_every_column_whole(jobs_here: dict[str, str]) -> None:
+    result = CliRunner().invoke(app, ["jobs"], env={"COLUMNS": "200"})
+    assert result.output.splitlines()[1] == (
+        "adhoc-20261201-210500-3f2a        succeeded  node[01-02]  2025-12-01 21:05:01  1         0"
+    )
+
+
+def test_only_the_shrinking_column_gives_way_and_never_below_its_header() -> None:
+    rows = [["a-job-id", "node[01-16]", "x"]]
+    lines = fitted_lines(("job", "hosts", "c"), rows, 18, shrink=1)
+    assert lines == ["job       hosts  c", "a-job-id  node…  x"]
+    rows = [["a-long-job-id-that-does-not-fit", "node[01-16]", "x"]]
+    lines = fitted_lines(("job", "hosts", "c"), rows, 20, shrink=1)
+    assert lines == ["job                              c", "a-long-job-id-that-does-not-fit  x"]
+    assert fitted_lines(("job", "hosts"), [["j", "h1"]], 10, shrink=1) == ["job  hosts", "j    h1"]
