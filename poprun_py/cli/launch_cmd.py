@@ -31,6 +31,7 @@ from poprun_py.prepare.job import Prepared, prepare
 if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
+    from poprun_py.launch.check import CheckReport
 
 
 _RETAINED: list[object] = []
@@ -67,10 +68,14 @@ def _command(mode: str) -> Callable[..., None]:
                 batch = functools.partial(option_model.batch_argv, values)
                 _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
                 return
+            swaps: list[str] = []
             if mode == "check" or given["check"]:
                 stream = sys.stdout if mode == "check" else sys.stderr
                 timeout, torch = given["check_timeout"], given["check_torch"]
-                _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
+                if mode == "launch" and prep.long_run.spares and not one_key.detach:
+                    prep, swaps = _check_and_swap(prep, timeout, torch, output_dir)
+                else:
+                    _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
                 if mode == "check":
                     return
             if given["print_topology"]:
@@ -81,7 +86,7 @@ def _command(mode: str) -> Callable[..., None]:
                 cli = option_model.detached_cli(values)
                 _detach(prep, fmt, output_dir, sync, down, cli=cli)
                 return
-            _launch(prep, output_dir, only, sync, keep=given["keep_job_dir"])
+            _launch(prep, output_dir, only, sync, keep=given["keep_job_dir"], before=swaps)
 
     command.__name__ = mode
     command.__doc__ = {
@@ -111,6 +116,32 @@ def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: s
     stream.flush()
     if report.faults:
         raise PreflightError(report.faults)
+
+
+def _check_and_swap(
+    prep: Prepared, timeout: float, torch: bool, output_dir: str | None
+) -> tuple[Prepared, list[str]]:
+    """``launch --check`` with spares: every host that fails the check is swapped for a spare
+    until the check passes (each check's table on stderr; ``plan-check.json`` in
+    ``--output-dir``); the job, told to check a spare before a restart uses it, and the lines
+    naming the swaps. PreflightError (exit 3) when no spare is left."""
+    from dataclasses import replace
+
+    from poprun_py.launch.check import failing_hosts, report_lines, swap_failing
+
+    if timeout <= 0:
+        raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
+
+    def show(report: "CheckReport") -> None:
+        sys.stderr.write("\n".join(report_lines(report)) + "\n")
+        sys.stderr.flush()
+
+    with _warnings_to_stderr():
+        swapped = swap_failing(prep, lambda p: failing_hosts(p, timeout, torch, show=show))
+    if output_dir and (swapped.swaps or swapped.rejected):
+        swapped.write(output_dir)
+    long_run = replace(swapped.prep.long_run, check_timeout=timeout, check_torch=torch)
+    return replace(swapped.prep, long_run=long_run), swapped.lines()
 
 
 for _mode in ("plan", "render", "launch", "check"):
@@ -214,7 +245,9 @@ def _launch(
     on_running: "Callable[[int], None] | None" = None,
     *,
     keep: bool = False,
+    before: "list[str] | None" = None,
 ) -> None:
+    """Run the job; the summary: ``before`` (the check's swaps), then each attempt."""
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -230,9 +263,15 @@ def _launch(
         on_running=on_running,
         keep_job_dir=keep,
     )
+    check = None
+    if prep.long_run.check_timeout is not None:  # a spare passes the check before a restart
+        from poprun_py.launch.check import failing_hosts
+
+        timeout, torch = prep.long_run.check_timeout, prep.long_run.check_torch
+        check = functools.partial(failing_hosts, timeout=timeout, torch=torch)
     with _warnings_to_stderr(), lr.announcing(sys.stderr):  # each restart, as it happens
-        result = launcher.launch(prep, settings)
-    attempts = lr.attempt_lines(result)
+        result = launcher.launch(prep, settings, check=check)
+    attempts = [*(before or ()), *lr.attempt_lines(result)]
     if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
         attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed
     if result.interrupted:

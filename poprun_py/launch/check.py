@@ -15,26 +15,44 @@ Example:
     >>> report = run_check(prep)
     >>> [(h.host, h.ok) for h in report.hosts], report.faults
     ([('localhost', True)], [])
+
+With spares, every host that fails is swapped for one, until the check passes:
+
+    >>> opts = LaunchOptions(hosts="h1,h2", spare_hosts="s1,s2", program=("x",))
+    >>> prep = prepare(opts, environ={})
+    >>> bad = {"h2": "instance 1: cannot reach MASTER_ADDR", "s1": "instance 1: no report"}
+    >>> swapped = swap_failing(prep, lambda p: {h.name: bad[h.name] for h in p.plan.hosts
+    ...                                         if h.name in bad})
+    >>> swapped.lines()
+    ['check: spare host s2 in place of h2 (instance 1: cannot reach MASTER_ADDR)', \
+'check: spare host s1 failed the check (instance 1: no report): not used']
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.errors import Fault
+from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside.bundle import from_env, payload
 
 if TYPE_CHECKING:
+    from poprun_py.backends.base import Backend
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
     from poprun_py.prepare.job import Prepared
 
+log = logging.getLogger("poprun_py.launch")
+CheckHosts = Callable[["Prepared"], Mapping[str, str]]
+"""Runs the check on a prepared job: every host that failed it and why, in plan order."""
 MARK = "POPRUN-CHECK"
 CHECK_VAR = "POPRUN_CHECK_PROGRAM"
 """Where :mod:`poprun_py.hostside.check_instance` ships (``bundle.from_env``): a secret's way,
@@ -89,13 +107,21 @@ def check_prep(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = F
     """The prepared job with the check program in place of the user's, its source in the
     instances' environment (:data:`CHECK_VAR`)."""
     from poprun_py.core.spec import EnvVar
+    from poprun_py.prepare.job import LongRun
 
     env = (*prep.plan.env, EnvVar(CHECK_VAR, payload("check_instance").text, secret=True))
-    return replace(prep, plan=replace(prep.plan, program=check_argv(prep, timeout, torch), env=env))
+    plan = replace(prep.plan, program=check_argv(prep, timeout, torch), env=env)
+    return replace(prep, plan=plan, long_run=LongRun())  # once, no spares, no clocks
 
 
-def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = False) -> CheckReport:
-    """Launch the check on every planned instance and judge the reports."""
+def run_check(
+    prep: Prepared,
+    timeout: float = DEFAULT_TIMEOUT,
+    torch: bool = False,
+    backend: Backend | None = None,
+) -> CheckReport:
+    """Launch the check on every planned instance (through ``backend``, default the plan's)
+    and judge the reports."""
     from poprun_py.launch import launcher
 
     lines: list[str] = []
@@ -110,7 +136,7 @@ def run_check(prep: Prepared, timeout: float = DEFAULT_TIMEOUT, torch: bool = Fa
 
     started = time.monotonic()
     checked = check_prep(prep, timeout, torch)
-    result = launcher.launch(checked, launcher.RunSettings(sink=sink))
+    result = launcher.launch(checked, launcher.RunSettings(sink=sink), backend=backend)
     report = judge(checked.plan, parse_lines(lines), result)
     return replace(report, seconds=time.monotonic() - started)
 
@@ -242,3 +268,121 @@ def report_lines(report: CheckReport) -> list[str]:
     bad = sum(not h.ok for h in report.hosts)
     summary = f"check: {len(report.hosts) - bad}/{len(report.hosts)} host(s) ok in "
     return [*table_lines(columns, rows), summary + f"{report.seconds:.2f} s"]
+
+
+def failing_hosts(
+    prep: Prepared,
+    timeout: float = DEFAULT_TIMEOUT,
+    torch: bool = False,
+    backend: Backend | None = None,
+    show: Callable[[CheckReport], None] | None = None,
+) -> dict[str, str]:
+    """Run the check (``show`` gets its report); every planned host that failed it and why: its
+    problems, or its preflight fault when the check could not start there."""
+    try:
+        report = run_check(prep, timeout, torch, backend)
+    except PreflightError as exc:
+        faults = {f.host: f"{f.check}: {f.detail}" for f in reversed(exc.faults)}
+        failed = {h.name: faults[h.name] for h in prep.plan.hosts if h.name in faults}
+        if not failed:
+            raise
+        return failed
+    if show is not None:
+        show(report)
+    return {h.host: "; ".join(h.problems) for h in report.hosts if not h.ok}
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A planned host that failed the check, the spare in its place, and the check's problem."""
+
+    host: str
+    spare: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Swapped:
+    """The job on hosts that passed the check, the swaps made, and the spares that failed."""
+
+    prep: Prepared
+    swaps: tuple[Swap, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()  # (spare, why): not used
+
+    def lines(self) -> list[str]:
+        """One line per swap and per spare not used (the launch's summary)."""
+        return [
+            f"check: spare host {s.spare} in place of {s.host} ({s.why})" for s in self.swaps
+        ] + [
+            f"check: spare host {h} failed the check ({why}): not used" for h, why in self.rejected
+        ]
+
+    def record(self) -> dict[str, Any]:
+        """The plan the launch starts with, saying which host replaced which and why."""
+        from poprun_py.core.views import plan_dict
+
+        return {
+            "replaced": {s.host: s.spare for s in self.swaps},
+            "why": {s.host: s.why for s in self.swaps},
+            "spares_failed": dict(self.rejected),
+            "plan": plan_dict(self.prep.plan),
+        }
+
+    def write(self, output_dir: str) -> Path:
+        """``plan-check.json`` in ``output_dir`` (:meth:`record`)."""
+        path = Path(output_dir) / "plan-check.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.record(), indent=1) + "\n", encoding="utf-8")
+        return path
+
+
+def swap_failing(prep: Prepared, check: CheckHosts) -> Swapped:
+    """Check; put a spare (in order) in the place of every host that failed (in plan order);
+    check again, until the check passes. A spare that fails is not used: the next one takes
+    its place. PreflightError (exit 3) naming the hosts that failed when no spare is left."""
+    from poprun_py.prepare.job import with_hosts_replaced
+
+    origin: dict[str, str] = {}  # a spare in place -> the planned host it stands for
+    why: dict[str, str] = {}
+    rejected: dict[str, str] = {}
+    while failed := check(prep):
+        bad = [h.name for h in prep.plan.hosts if h.name in failed]
+        spares = [s.name for s in prep.long_run.spares]
+        for host in bad:
+            if host in origin:
+                rejected[host] = failed[host]
+                log.warning("check: spare host %s failed it (%s): not used", host, failed[host])
+            else:
+                why[host] = failed[host]
+        if not bad or len(bad) > len(spares):
+            raise _no_spare_left(failed, bad, len(spares), origin, why)
+        replaced = dict(zip(bad, spares, strict=False))
+        for host, spare in replaced.items():
+            origin[spare] = first = origin.pop(host, host)
+            log.warning(
+                "check: spare host %s takes the place of host %s (%s)", spare, first, why[first]
+            )
+        prep = with_hosts_replaced(prep, replaced)
+    placed = [h.name for h in prep.plan.hosts if h.name in origin]  # in plan order
+    swaps = tuple(Swap(origin[s], s, why[origin[s]]) for s in placed)
+    return Swapped(prep, swaps, tuple(rejected.items()))
+
+
+def _no_spare_left(
+    failed: Mapping[str, str],
+    bad: list[str],
+    spares: int,
+    origin: Mapping[str, str],
+    why: Mapping[str, str],
+) -> PreflightError:
+    """The planned hosts that failed the check (with the spares that failed in their place),
+    and that no spare is left for them."""
+    if not bad:
+        return PreflightError([Fault(h, "check", w) for h, w in failed.items()])
+    left = f"{spares} spare host(s) left for {len(bad)}" if spares else "no spare host left"
+    faults = []
+    for host in bad:
+        first = origin.get(host, host)
+        tried = f"; spare host {host} failed too: {failed[host]}" if host in origin else ""
+        faults.append(Fault(first, "check", f"{why[first]}{tried} ({left})"))
+    return PreflightError(faults)

@@ -24,7 +24,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,12 +121,15 @@ def launch(
     settings: RunSettings,
     backend: Backend | None = None,
     policy: Policy = fail_fast,
+    check: Callable[[Prepared], Mapping[str, str]] | None = None,
 ) -> LaunchResult:
     """Run the prepared job to the end (restarting it as ``prep.long_run`` allows) and return
     every instance's outcome; earlier attempts are in ``result.attempts``.
 
     ``backend`` defaults to the registered one named by the plan (tests inject a fake);
-    ``policy`` decides what an instance's end means (default: the first failure stops all).
+    ``policy`` decides what an instance's end means (default: the first failure stops all);
+    ``check`` (``launch --check``: :func:`~poprun_py.launch.check.failing_hosts`) judges a
+    spare before it replaces a lost host: the hosts that fail it, and why.
     """
     from poprun_py.launch.restarts import Attempts
 
@@ -158,6 +161,7 @@ def launch(
                 options,
                 job_dir,
                 sync_paths if settings.sync else None,
+                check=check,
             )
             return _tidied(attempts.run(prep), used, settings)
     finally:

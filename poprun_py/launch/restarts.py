@@ -12,7 +12,9 @@ they are held back); one that fails is not used. A restart reuses the session (t
 connections; the ssh and MPI backends start new agents on them, slurm a new step in the same
 allocation) unless a host was lost: then the session is closed and a new one opened, with a
 spare in the place of each lost host (the same instances and replicas, so the global batch is
-unchanged) or, without a spare, the same host if it answers preflight again. When it does not,
+unchanged) or, without a spare, the same host if it answers preflight again. With ``--check``
+the check (:mod:`poprun_py.launch.check`) runs on the job with the spares in place first: a
+spare that fails it is skipped for the next one. When it does not,
 the restart fails with one line (``restart_failed``) and the exit code stays the last
 attempt's. The result is the last attempt's, with the earlier ones in ``attempts``.
 
@@ -90,6 +92,9 @@ class Attempts:
     job_dir: Callable[[Prepared], str]
     sync_paths: Callable[[Prepared], list[str]] | None = None  # --sync: what to push
     closed: set[int] = field(default_factory=set)
+    check: Callable[[Prepared], Mapping[str, str]] | None = (
+        None  # --check: a spare passes it before it replaces a host
+    )
 
     def run(self, prep: Prepared) -> LaunchResult:
         """Open, preflight, then attempt until one succeeds, is interrupted, or none is left."""
@@ -235,6 +240,7 @@ class Attempts:
         spares = [s.name for s in prep.long_run.spares]
         replaced = {host: spares.pop(0) for host in lost if spares}
         while True:
+            prep = self._spares_checked(prep, replaced, spares)
             for host, spare in replaced.items():
                 log.warning("restart: spare host %s takes the place of lost host %s", spare, host)
             try:
@@ -252,6 +258,29 @@ class Attempts:
                     ) from None
                 raise
             return session, checked, replaced
+
+    def _spares_checked(
+        self, prep: Prepared, replaced: dict[str, str], spares: list[str]
+    ) -> Prepared:
+        """With ``--check``: the check runs on the job with ``replaced``'s spares in place; a
+        spare that fails it is skipped for the next of ``spares`` (none left: the lost host
+        again, if it answers preflight). ``prep`` without the spares that failed."""
+        failed: dict[str, str] = {}
+        while self.check is not None and replaced:
+            found = self.check(with_hosts_replaced(prep, replaced))
+            bad = [host for host, spare in replaced.items() if spare in found]
+            if not bad:
+                break
+            for host in bad:
+                spare = replaced.pop(host)
+                failed[spare] = found[spare]
+                log.warning(
+                    "restart: spare host %s failed the check (%s): not used", spare, failed[spare]
+                )
+                if spares:
+                    replaced[host] = spares.pop(0)
+        left = tuple(s for s in prep.long_run.spares if s.name not in failed)
+        return replace(prep, long_run=replace(prep.long_run, spares=left))
 
     def _record_hang(self, hang: Hang, k: int, job_dir: str) -> None:
         """The hang's verdict as JSON (``hang.json``, ``hang-restart-K.json`` for attempt K) in
