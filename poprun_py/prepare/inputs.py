@@ -50,20 +50,57 @@ def _from_glob(pattern: str, base: str) -> tuple[list[str], list[int]]:
         found = glob.glob(os.path.join(glob.escape(full), "**"), recursive=True)
         matches = sorted(p for p in found if os.path.isfile(p))
         if not matches:
-            raise InputError(f"--input {pattern!r} is a directory with no files in it")
+            raise InputError(_empty_directory(pattern, full))
         return matches, [os.path.getsize(p) for p in matches]
+    if not glob.has_magic(full) and not os.path.lexists(full):
+        raise InputError(f"--input {pattern!r}: no such file or directory")
     found = glob.glob(full, recursive=True)
     matches = sorted(p for p in found if os.path.isfile(p))
     if not matches:
-        dirs = [p for p in found if os.path.isdir(p)]
-        if dirs:
-            raise InputError(
-                f"--input {pattern!r} matches only directories ({len(dirs)}, e.g. "
-                f"{os.path.relpath(dirs[0], base)}): give a directory alone for every file "
-                "under it, or a pattern that matches files"
-            )
-        raise InputError(f"--input {pattern!r} matches no files")
+        raise InputError(_no_files(pattern, full, base, found))
     return matches, [os.path.getsize(p) for p in matches]
+
+
+def _empty_directory(pattern: str, full: str) -> str:
+    """Why directory ``full`` gave no files: it has none, or only hidden ones."""
+    hidden = sorted(os.path.join(d, f) for d, _, names in os.walk(full) for f in names)
+    if not hidden:
+        return f"--input {pattern!r} is a directory with no files in it"
+    example = os.path.join(pattern, os.path.relpath(hidden[0], full))
+    return (
+        f"--input {pattern!r} is a directory whose {len(hidden)} file(s) are all hidden "
+        f"(under names starting with '.'), which a directory leaves out: name them, e.g. "
+        f"--input {example!r}"
+    )
+
+
+def _no_files(pattern: str, full: str, base: str, found: list[str]) -> str:
+    """Why glob ``full`` matched no files: only directories, or its directory is missing."""
+    dirs = [p for p in found if os.path.isdir(p)]
+    if dirs:
+        return (
+            f"--input {pattern!r} matches only directories ({len(dirs)}, e.g. "
+            f"{os.path.relpath(dirs[0], base)}): give a directory alone for every file "
+            "under it, or a pattern that matches files"
+        )
+    missing = _missing_directory(full)
+    if missing is not None:
+        where = missing if os.path.isabs(pattern) else os.path.relpath(missing, base)
+        return f"--input {pattern!r} matches no files: directory {where!r} does not exist"
+    return f"--input {pattern!r} matches no files"
+
+
+def _missing_directory(full: str) -> str | None:
+    """The first directory on the fixed part of glob ``full`` (before any wildcard) that does
+    not exist, if any."""
+    parts = full.split(os.sep)[:-1]
+    for k in range(2, len(parts) + 1):
+        if glob.has_magic(parts[k - 1]):
+            return None
+        there = os.sep.join(parts[:k])
+        if not os.path.isdir(there):
+            return there
+    return None
 
 
 def _from_manifest(path: str, base: str) -> tuple[list[str], list[int]]:

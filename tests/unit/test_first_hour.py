@@ -20,8 +20,10 @@ import poprun_py
 from poprun_py.cli import jobs_cmd, run
 from poprun_py.cli.app import app
 from poprun_py.core.views import fitted_lines
+from poprun_py.errors import InputError
 from poprun_py.jobs import registry
 from poprun_py.jobs.record import JobRecord, JobState
+from poprun_py.prepare.inputs import collect_inputs
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,3 +135,54 @@ def test_only_the_shrinking_column_gives_way_and_never_below_its_header() -> Non
     lines = fitted_lines(("job", "hosts", "c"), rows, 20, shrink=1)
     assert lines == ["job                              c", "a-long-job-id-that-does-not-fit  x"]
     assert fitted_lines(("job", "hosts"), [["j", "h1"]], 10, shrink=1) == ["job  hosts", "j    h1"]
+
+
+def tree(root: Path, names: list[str]) -> None:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x")
+
+
+def test_a_directory_input_is_every_file_under_it(tmp_path: Path) -> None:
+    tree(tmp_path, ["data/a.npz", "data/more/b.npz", "data/.cache/c"])
+    found = collect_inputs(["data"], cwd=str(tmp_path))
+    assert [Path(p).relative_to(tmp_path / "data").as_posix() for p in found.paths] == [
+        "a.npz",
+        "more/b.npz",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "fault"),
+    [
+        ("examples/data", "--input 'examples/data': no such file or directory"),
+        (
+            "examples/data/*.npz",
+            "--input 'examples/data/*.npz' matches no files: "
+            "directory 'examples/data' does not exist",
+        ),
+        ("empty", "--input 'empty' is a directory with no files in it"),
+        (
+            "hidden",
+            "--input 'hidden' is a directory whose 1 file(s) are all hidden (under names starting "
+            "with '.'), which a directory leaves out: name them, e.g. --input 'hidden/.git/x'",
+        ),
+        ("empty/*.npz", "--input 'empty/*.npz' matches no files"),
+    ],
+)
+def test_an_input_that_gives_no_files_says_why(
+    given: str,
+    fault: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "empty").mkdir()
+    tree(tmp_path, ["hidden/.git/x"])
+    with pytest.raises(InputError) as caught:
+        collect_inputs([given], cwd=str(tmp_path))
+    assert str(caught.value) == fault
+    monkeypatch.chdir(tmp_path)
+    assert run(["plan", "-H", "h1", "-i", given, "t.py"]) == 2
+    assert capsys.readouterr().err == f"poprun-py: error: {fault}\n"
