@@ -121,7 +121,8 @@ def _stretch(widths: list[int], total: int) -> list[int]:
 def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
     """One row of the per-instance table."""
     shard = inst.shard
-    files = f"{len(shard.files)}" + (f" (+{shard.padding} pad)" if shard.padding else "")
+    real = len(shard.files) - shard.padding  # as the bytes beside it, padding excluded
+    files = f"{real} + {shard.padding} pad" if shard.padding else str(real)
     return [
         str(inst.index),
         inst.host,

@@ -95,11 +95,11 @@ def test_over_32_instances_fold_into_one_range_per_host() -> None:
 
 def test_the_instance_table_shows_ranges_cpulists_groups_and_padding() -> None:
     assert instance_lines(gpu_plan()) == [
-        "instance  host  local  replicas  NUMA  CPUs  devices  groups  files       bytes",
-        "0         h1    0      0-1       0     0-3   0-1      0       2 (+1 pad)  4.9 KiB",
-        "1         h1    1      2-3       1     4-7   2-3      1       2 (+1 pad)  3.9 KiB",
-        "2         h2    0      4-5       0     0-3   0-1      2       2 (+1 pad)  2.9 KiB",
-        "3         h2    1      6-7       1     4-7   2-3      3       2           2.9 KiB",
+        "instance  host  local  replicas  NUMA  CPUs  devices  groups  files      bytes",
+        "0         h1    0      0-1       0     0-3   0-1      0       1 + 1 pad  4.9 KiB",
+        "1         h1    1      2-3       1     4-7   2-3      1       1 + 1 pad  3.9 KiB",
+        "2         h2    0      4-5       0     0-3   0-1      2       1 + 1 pad  2.9 KiB",
+        "3         h2    1      6-7       1     4-7   2-3      3       2          2.9 KiB",
     ]
 
 

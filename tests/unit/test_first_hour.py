@@ -186,3 +186,17 @@ def test_an_input_that_gives_no_files_says_why(
     monkeypatch.chdir(tmp_path)
     assert run(["plan", "-H", "h1", "-i", given, "t.py"]) == 2
     assert capsys.readouterr().err == f"poprun-py: error: {fault}\n"
+
+
+def test_eval_padding_is_shown_beside_the_real_file_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree(tmp_path, ["ev/a.rec", "ev/b.rec", "ev/c.rec"])
+    args = ["plan", "-H", "h1,h2", "-i", str(tmp_path / "ev"), "--eval-pad", "2", "t.py"]
+    assert run(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        "instance  host  local  replicas  NUMA  CPUs  devices  groups  files      bytes",
+        "0         h1    0      0         -     -     -        -       2          2 B",
+        "1         h2    0      1         -     -     -        -       1 + 1 pad  1 B",
+    ]
