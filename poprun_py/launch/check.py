@@ -351,7 +351,9 @@ def swap_failing(prep: Prepared, check: CheckHosts) -> Swapped:
         for host in bad:
             if host in origin:
                 rejected[host] = failed[host]
-                log.warning("check: spare host %s failed it (%s): not used", host, failed[host])
+                log.warning(
+                    "check: spare host %s failed the check (%s): not used", host, failed[host]
+                )
             else:
                 why[host] = failed[host]
         if not bad or len(bad) > len(spares):
