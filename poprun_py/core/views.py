@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from poprun_py.core.env import hardware_env
@@ -32,6 +33,23 @@ def _span(cells: list[tuple[str, int]]) -> str:
 
 def _ranges(first: int, count: int) -> str:
     return str(first) if count == 1 else f"{first}-{first + count - 1}"
+
+
+def folded_ints(values: Sequence[int]) -> str:
+    """``values`` in their order, each run of three or more consecutive ones as a range.
+
+    >>> folded_ints([0, 1, 2, 3, 4, 5, 6, 7]), folded_ints([0, 1]), folded_ints([5, 1, 2, 3, 9])
+    ('0-7', '0,1', '5,1-3,9')
+    """
+    parts: list[str] = []
+    start = 0
+    for k in range(1, len(values) + 1):
+        if k < len(values) and values[k] == values[k - 1] + 1:
+            continue
+        run = values[start:k]
+        parts += [f"{run[0]}-{run[-1]}"] if len(run) > 2 else [str(v) for v in run]
+        start = k
+    return ",".join(parts)
 
 
 def topology_lines(plan: LaunchPlan) -> list[str]:
@@ -131,7 +149,7 @@ def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
         format_cpulist(inst.numa_nodes) or "-",
         format_cpulist(inst.cpus) or "-",
         format_cpulist(inst.devices) or "-",
-        ",".join(map(str, inst.groups)) or "-",
+        folded_ints(inst.groups) or "-",
         files,
         _human(shard.bytes),
     ]

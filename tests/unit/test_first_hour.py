@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import poprun_py
 from poprun_py.cli import jobs_cmd, run
 from poprun_py.cli.app import app
-from poprun_py.core.views import fitted_lines
+from poprun_py.core.views import fitted_lines, folded_ints
 from poprun_py.errors import InputError
 from poprun_py.jobs import registry
 from poprun_py.jobs.record import JobRecord, JobState
@@ -200,3 +200,13 @@ def test_eval_padding_is_shown_beside_the_real_file_count(
         "0         h1    0      0         -     -     -        -       2          2 B",
         "1         h2    0      1         -     -     -        -       1 + 1 pad  1 B",
     ]
+
+
+def test_an_instances_groups_are_shown_as_ranges(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["plan", "-H", "h1", "--replicas", "16", "-n", "2", "-g", "1", "t.py"]) == 0
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "instance  host  local  replicas  NUMA  CPUs  devices  groups  files  bytes",
+        "0         h1    0      0-7       -     -     -        0-7     0      0 B",
+        "1         h1    1      8-15      -     -     -        8-15    0      0 B",
+    ]
+    assert folded_ints([3, 4, 5, 7, 8, 0]) == "3-5,7,8,0"  # in their order; runs of 3+ fold
