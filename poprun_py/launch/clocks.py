@@ -69,6 +69,22 @@ def describe(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
+def dumping_stacks(faulthandlers: int) -> str:
+    """What a hang's stack dump does, for ``faulthandlers`` instances that registered one.
+
+    >>> print(dumping_stacks(0))  # doctest: +NORMALIZE_WHITESPACE
+    dumping every instance's stacks with py-spy where it is installed (no instance registered
+    faulthandler for SIGUSR1: import poprun_py.dist)
+    >>> dumping_stacks(8).split(", ")[1]
+    'else with SIGUSR1 to the 8 instances that registered faulthandler'
+    """
+    how = "dumping every instance's stacks with py-spy where it is installed"
+    if not faulthandlers:
+        return f"{how} (no instance registered faulthandler for SIGUSR1: import poprun_py.dist)"
+    which = "1 instance that" if faulthandlers == 1 else f"{faulthandlers} instances that"
+    return f"{how}, else with SIGUSR1 to the {which} registered faulthandler"
+
+
 class Clocks:
     """Watches one attempt; ``cause`` says why it stopped the job (None: it did not)."""
 
@@ -132,12 +148,7 @@ class Clocks:
         """Ask the runner for every instance's stacks (py-spy where installed, else SIGUSR1
         to those that registered faulthandler) and wait, bounded, for them to arrive."""
         faulthandler = self.progress.faulthandler
-        log.warning(
-            "%s; dumping every instance's stacks (py-spy where installed, else SIGUSR1 to "
-            "the %d that registered faulthandler)",
-            reason,
-            len(faulthandler),
-        )
+        log.warning("%s; %s", reason, dumping_stacks(len(faulthandler)))
         running = sorted(self.progress.running)
         self.progress.record()
         self.control.dump(DumpRequest(faulthandler, every=self.progress.dumpable))

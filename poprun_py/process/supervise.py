@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from poprun_py.hostside.identity import leads
-from poprun_py.hostside.stackdump import dump_in_background
+from poprun_py.hostside.stackdump import dump_in_background, find_pyspy
 from poprun_py.hostside.supervision import RUN_ID_VAR, Grace, Launched, Pipe, Poller, Spawner
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
 from poprun_py.process.output import LineFeed, Output
@@ -127,6 +127,20 @@ def supervise(
 
 _Spawned = tuple[Child, Launched | OSError | None, float]
 """A child, what starting it gave (None: not started, a stop had begun), and when."""
+
+
+def no_stacks(index: int, pyspy_here: bool) -> str:
+    """Why instance ``index`` gave no stacks: py-spy is missing here, or could not dump it.
+
+    >>> print(no_stacks(3, pyspy_here=False))  # doctest: +NORMALIZE_WHITESPACE
+    no stacks of instance 3: py-spy is not installed here and it did not register faulthandler
+    (import poprun_py.dist)
+    """
+    pyspy = "py-spy could not dump it" if pyspy_here else "py-spy is not installed here"
+    return (
+        f"no stacks of instance {index}: {pyspy} and it did not register faulthandler "
+        "(import poprun_py.dist)"
+    )
 
 
 @dataclass
@@ -332,11 +346,7 @@ class Supervision:
                 proc.launched.signal(signal.SIGUSR1, proc.child.signal_group)
                 signalled = True
             elif proc is not None:
-                log.warning(
-                    "no stacks of instance %d: py-spy could not dump it and it did "
-                    "not register faulthandler (import poprun_py.dist)",
-                    index,
-                )
+                log.warning("%s", no_stacks(index, find_pyspy() is not None))
         self.control.dumped(signalled)
 
     def _join_dumper(self) -> None:

@@ -23,7 +23,9 @@ from poprun_py.core.views import fitted_lines, folded_ints
 from poprun_py.errors import InputError
 from poprun_py.jobs import registry
 from poprun_py.jobs.record import JobRecord, JobState
+from poprun_py.launch.clocks import dumping_stacks
 from poprun_py.prepare.inputs import collect_inputs
+from poprun_py.process.supervise import no_stacks
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,3 +212,24 @@ def test_an_instances_groups_are_shown_as_ranges(capsys: pytest.CaptureFixture[s
         "1         h1    1      8-15      -     -     -        8-15    0      0 B",
     ]
     assert folded_ints([3, 4, 5, 7, 8, 0]) == "3-5,7,8,0"  # in their order; runs of 3+ fold
+
+
+def test_the_hang_message_counts_instances_and_says_when_none_registered() -> None:
+    assert dumping_stacks(0) == (
+        "dumping every instance's stacks with py-spy where it is installed "
+        "(no instance registered faulthandler for SIGUSR1: import poprun_py.dist)"
+    )
+    assert dumping_stacks(1).endswith(
+        "else with SIGUSR1 to the 1 instance that registered faulthandler"
+    )
+    assert dumping_stacks(8).endswith("to the 8 instances that registered faulthandler")
+
+
+def test_no_stacks_says_whether_py_spy_is_missing_or_failed() -> None:
+    assert no_stacks(2, pyspy_here=False) == (
+        "no stacks of instance 2: py-spy is not installed here and it did not register "
+        "faulthandler (import poprun_py.dist)"
+    )
+    assert no_stacks(2, pyspy_here=True).startswith(
+        "no stacks of instance 2: py-spy could not dump it and it did not register"
+    )
