@@ -18,18 +18,24 @@ Example (in a training script):
     >>> restart_count()  # 0 on the first attempt, k after the k-th restart (--max-restarts)
     0
     >>> heartbeat()  # progress for --hang-timeout; nothing happens outside poprun-py
+    >>> checkpoint_signal(), on_checkpoint(lambda signum, frame: None)  # None: not under poprun-py
+    (None, None)
 
 Under poprun-py (``POPRUN_RESTART_COUNT`` set), importing this module registers
 :mod:`faulthandler` for SIGUSR1 (chained to a handler the program set before; never to the
 default action, which would end the program) and says so with one
 line on stderr that poprun-py swallows: a hung job's stacks can then be dumped into its logs.
 :func:`heartbeat` writes another such line (at most one every 0.1 s).
+:func:`on_checkpoint` installs a handler for the signal that means "checkpoint now"
+(``POPRUN_CHECKPOINT_SIGNAL``, the first of ``--forward-signals``: SIGUSR1 by default).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # The names poprun_py.core.env.layout_env sets (tests/unit/test_dist.py checks they agree).
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
@@ -51,6 +57,7 @@ SHARD_PADDING = "POPRUN_SHARD_PADDING"
 GROUP_SIZE = "POPRUN_GROUP_SIZE"
 REPLICA_GROUPS = "POPRUN_REPLICA_GROUPS"
 RESTART_COUNT = "POPRUN_RESTART_COUNT"
+CHECKPOINT_SIGNAL = "POPRUN_CHECKPOINT_SIGNAL"
 
 NAMES = (
     NUM_TOTAL_REPLICAS,
@@ -72,6 +79,7 @@ NAMES = (
     GROUP_SIZE,
     REPLICA_GROUPS,
     RESTART_COUNT,
+    CHECKPOINT_SIGNAL,
 )
 """Every variable this module reads."""
 
@@ -81,6 +89,7 @@ FAULTHANDLER_LINE = b"\x1b[poprun-py:faulthandler]\n"
 STEP_LINE = b"\x1b[poprun-py:step %d]\n"
 _beat = [0.0]
 _step: list[int | None] = [None, None]  # the last step given, the last step told
+_dumping = [False]  # faulthandler registered for SIGUSR1 (see _register_faulthandler)
 
 
 # PopDist's camelCase names come first; the snake_case aliases follow them.
@@ -251,6 +260,38 @@ def _write_stderr(line: bytes) -> None:
         pass
 
 
+def checkpoint_signal() -> int | None:
+    """The signal that means "checkpoint now" (``POPRUN_CHECKPOINT_SIGNAL``: the first of
+    ``--forward-signals``, SIGUSR1 by default), as a number; None outside poprun-py or when
+    this system has no such signal."""
+    import signal
+
+    name = os.environ.get(CHECKPOINT_SIGNAL, "").strip().upper()
+    value = getattr(signal, name, None) if name.startswith("SIG") else None
+    return int(value) if isinstance(value, int) else None
+
+
+def on_checkpoint(handler: Callable[[int, Any], object]) -> int | None:
+    """Call ``handler(signum, frame)`` (as :func:`signal.signal` would) when poprun-py passes
+    on the checkpoint signal (:func:`checkpoint_signal`); main thread only. Returns the signal
+    number, or None (nothing installed) outside poprun-py. For SIGUSR1 the stack dump that
+    this module registered stays (a hung job's stacks): it runs first, then ``handler``."""
+    import signal
+
+    signum = checkpoint_signal()
+    if signum is None:
+        return None
+    dumping = signum == getattr(signal, "SIGUSR1", None) and _dumping[0]
+    if dumping:
+        import faulthandler
+
+        faulthandler.unregister(signum)  # back to the old disposition, then chained to ours
+    signal.signal(signum, handler)
+    if dumping:
+        faulthandler.register(signum, all_threads=True, chain=True)
+    return signum
+
+
 def _register_faulthandler() -> None:
     """Under poprun-py: SIGUSR1 dumps every thread's stack on stderr (chained), announced."""
     import faulthandler
@@ -266,6 +307,7 @@ def _register_faulthandler() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=chain)
     except (RuntimeError, ValueError, OSError, AttributeError):
         return
+    _dumping[0] = True
     _write_stderr(FAULTHANDLER_LINE)
 
 

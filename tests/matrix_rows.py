@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,10 @@ ROWS: Mapping[str, Row] = {
     "progress_file": Row(
         ("--progress-file", "{d}/ckpt.pt"),
         lambda d: str(d.prep.long_run.progress_file).endswith("/ckpt.pt"),
+    ),
+    "forward_signals": Row(
+        ("--forward-signals", "usr2"),
+        lambda d: d.prep.long_run.forward_signals == (signal.SIGUSR2,),
     ),
     "spare_hosts": Row(
         ("-H", "198.18.0.21,198.18.0.22,198.18.0.23", "--spare-hosts", "1"),

@@ -217,6 +217,11 @@ _ENTRIES = (
          "machine (or a filesystem it shares): an attempt that wrote it (its modification time "
          "advanced) made progress, for --min-progress.", "defaults.progress_file",
          path="path", metavar="PATH"),
+    Flag("forward_signals", ("--forward-signals",), Str, None, H_LONG, "Signals to poprun-py "
+         "passed on to every instance, the job going on (default USR1,USR2; from HUP, USR1, "
+         "USR2). A forwarded HUP no longer stops the job. The first one is the instance's "
+         "POPRUN_CHECKPOINT_SIGNAL (poprun_py.dist.on_checkpoint).", "defaults.forward_signals",
+         metavar="SIGS"),
     Flag("spare_hosts", ("--spare-hosts",), Str, None, H_LONG, "Hosts held back to replace a "
          "lost one on a restart: host syntax, or N (the last N hosts given). Default: the "
          "spec's spares.", "spares", path="@"),

@@ -34,6 +34,9 @@ class Capabilities:
     ``--detach`` does not apply."""
     launcher_template: str | None = None
     """The template of its whole-job launcher (None: it runs the instances' commands itself)."""
+    unforwardable: tuple[tuple[str, str], ...] = ()
+    """The signals (``SIGHUP``) that ``--forward-signals`` may name but its launcher cannot pass
+    on to the instances, each with why: refused before anything starts."""
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,22 @@ REGISTRY: dict[str, Registered] = {
     ),
     "ssh": Registered("poprun_py.backends.ssh:SshBackend", Capabilities()),
     "mpirun": Registered(
-        "poprun_py.backends.mpirun:MpirunBackend", Capabilities(launcher_template="mpirun.j2")
+        "poprun_py.backends.mpirun:MpirunBackend",
+        Capabilities(
+            launcher_template="mpirun.j2",
+            unforwardable=(("SIGHUP", "Open MPI's mpirun ends the job on SIGHUP"),),
+        ),
     ),
     "mpiexec": Registered(
         "poprun_py.backends.mpiexec:MpiexecBackend", Capabilities(launcher_template="mpiexec.j2")
     ),
     "slurm": Registered(
         "poprun_py.backends.slurm:SlurmBackend",
-        Capabilities(outlives_client=True, launcher_template="srun.j2"),
+        Capabilities(
+            outlives_client=True,
+            launcher_template="srun.j2",
+            unforwardable=(("SIGHUP", "srun ends the job step on SIGHUP"),),
+        ),
     ),
 }
 """Backend name -> its class and capabilities: the one list (tests may register a fake)."""

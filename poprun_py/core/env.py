@@ -15,6 +15,9 @@ Example:
     ('2', '1', '1', 'h1')
     >>> instance_env(plan, plan.instances[0], restart_count=2)["TORCHELASTIC_RESTART_COUNT"]
     '2'
+    >>> hup = instance_env(plan, plan.instances[0], checkpoint_signal="SIGHUP")
+    >>> hup["POPRUN_CHECKPOINT_SIGNAL"]
+    'SIGHUP'
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ RESERVED_NAMES = frozenset(
     }
 )
 RESERVED_PREFIXES = ("POPDIST_", "POPRUN_")
+CHECKPOINT_SIGNAL = "SIGUSR1"
+"""``POPRUN_CHECKPOINT_SIGNAL`` by default: the first of the default forwarded signals."""
 
 
 def check_user_env(names: Iterable[str]) -> None:
@@ -50,10 +55,15 @@ def check_user_env(names: Iterable[str]) -> None:
 
 
 def layout_env(
-    plan: LaunchPlan, inst: InstancePlan, shard_file: str = "", restart_count: int = 0
+    plan: LaunchPlan,
+    inst: InstancePlan,
+    shard_file: str = "",
+    restart_count: int = 0,
+    checkpoint_signal: str = CHECKPOINT_SIGNAL,
 ) -> dict[str, str]:
-    """The variables that describe the layout (PopDist, torch, POPRUN_*) and the attempt
-    (``restart_count``: 0 for the first, k for the k-th restart of the whole job)."""
+    """The variables that describe the layout (PopDist, torch, POPRUN_*), the attempt
+    (``restart_count``: 0 for the first, k for the k-th restart of the whole job) and the
+    signal that means "checkpoint now" (``checkpoint_signal``: the first forwarded one)."""
     env = {
         "POPDIST_NUM_TOTAL_REPLICAS": str(plan.num_replicas),
         "POPDIST_NUM_INSTANCES": str(plan.num_instances),
@@ -80,6 +90,7 @@ def layout_env(
         "POPRUN_SHARD_PADDING": str(inst.shard.padding),
         "POPRUN_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "POPRUN_CHECKPOINT_SIGNAL": checkpoint_signal,
     }
     if plan.group_size is not None:
         env["POPRUN_GROUP_SIZE"] = str(plan.group_size)
@@ -131,12 +142,17 @@ def hardware_env(plan: LaunchPlan, inst: InstancePlan) -> dict[str, str]:
 
 
 def instance_env(
-    plan: LaunchPlan, inst: InstancePlan, shard_file: str = "", restart_count: int = 0
+    plan: LaunchPlan,
+    inst: InstancePlan,
+    shard_file: str = "",
+    restart_count: int = 0,
+    checkpoint_signal: str = CHECKPOINT_SIGNAL,
 ) -> dict[str, str]:
-    """Layout variables (with the attempt's ``restart_count``), then the hardware's
+    """Layout variables (with the attempt's ``restart_count`` and ``checkpoint_signal``),
+    then the hardware's
     (:func:`hardware_env`), then the user's (``--env`` and spec ``env``, which may override the
     hardware's but not the layout's)."""
-    env = layout_env(plan, inst, shard_file, restart_count)
+    env = layout_env(plan, inst, shard_file, restart_count, checkpoint_signal)
     hardware = hardware_env(plan, inst)
     env.update(hardware)
     layout = frozenset(env) - frozenset(hardware)

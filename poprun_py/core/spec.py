@@ -85,6 +85,7 @@ class Defaults:
     host_timeout: float | None = None  # seconds of silence after which a host is lost
     min_progress: int | None = None  # steps an attempt must advance to be restarted
     progress_file: str | None = None  # a checkpoint whose mtime says the attempt advanced
+    forward_signals: str | None = None  # USR1,USR2,HUP: passed on to every instance
     strict_shards: bool | None = None  # refuse uneven input shards (--strict-shards)
 
 

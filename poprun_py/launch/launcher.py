@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -39,6 +40,7 @@ from poprun_py.hostside import private
 from poprun_py.prepare.job import Prepared
 from poprun_py.process.progress import Progress
 from poprun_py.process.signals import Control, Policy, fail_fast, handling_signals
+from poprun_py.process.takeover import warn_takeovers
 from poprun_py.render.job import RenderedJob
 
 __all__ = [
@@ -93,6 +95,7 @@ def render(
         as_root=args.as_root,
         mpi_network=args.mpi_network,
         restart_count=restart_count,
+        forward_signals=[signal.Signals(s).name for s in prep.long_run.forward_signals],
     )
 
 
@@ -134,7 +137,8 @@ def launch(
     from poprun_py.launch.restarts import Attempts
 
     backend = backend or get_backend(prep.backend)
-    control = Control(policy)
+    control = Control(policy, prep.long_run.forward_signals)
+    warn_takeovers(prep.plan.program, prep.long_run.forward_signals)
     used: list[str] = []  # the job directory, once chosen
     try:
         with handling_signals(control), contextlib.ExitStack() as sessions:

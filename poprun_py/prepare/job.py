@@ -40,6 +40,7 @@ from poprun_py.core.spec import (
 from poprun_py.core.topology import Topology
 from poprun_py.errors import UsageError
 from poprun_py.prepare.program import resolve_program, simulated_note
+from poprun_py.process.signals import FORWARD_SIGNALS, forward_signals
 from poprun_py.ssh.settings import (
     DEFAULT_CONNECT_TIMEOUT,
     check_connect_timeout,
@@ -101,6 +102,7 @@ class LaunchOptions:
     strict_shards: bool | None = None
     min_progress: int | None = None
     progress_file: str | None = None
+    forward_signals: str | None = None  # USR1,USR2,HUP (parsed here)
 
     @property
     def ssh(self) -> SshOptions:
@@ -121,6 +123,7 @@ class LongRun:
     progress_file: str | None = None  # or this file's mtime advanced during the attempt
     check_timeout: float | None = None  # --check: a spare passes the check before it is used
     check_torch: bool = False  # --check-torch: that check runs torch's Gloo all-reduce too
+    forward_signals: tuple[int, ...] = FORWARD_SIGNALS  # passed on to every instance
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         templates=Path(opts.templates) if opts.templates else None,
         local_topology=local_topo,
         options=opts,
-        long_run=_long_run(opts, cluster, plan),
+        long_run=_long_run(opts, cluster, plan, backend),
         host_timeout=_host_timeout(opts, cluster),
         job=job,
         inputs=inputs,
@@ -243,7 +246,9 @@ def with_hosts_replaced(prep: Prepared, replaced: Mapping[str, str]) -> Prepared
     return replace(prep, plan=plan, long_run=replace(prep.long_run, spares=left))
 
 
-def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> LongRun:
+def _long_run(
+    opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan, backend: str = "local"
+) -> LongRun:
     """Restarts, spares and clocks: flags over the spec's ``defaults``/``spares``; UsageError
     (exit 2, nothing started) for a negative count, a bad duration, a spare that is planned."""
     from poprun_py.core.duration import parse_duration
@@ -264,7 +269,10 @@ def _long_run(opts: LaunchOptions, cluster: ClusterSpec, plan: LaunchPlan) -> Lo
         raise UsageError(f"--min-progress must be 1 or more, got {progress}")
     watched = opts.progress_file or d.progress_file
     watched = os.path.abspath(watched) if watched else None
-    return LongRun(restarts, float(delay), timeout, hang, cluster.spares, progress, watched)
+    forward = forward_signals(opts.forward_signals or d.forward_signals, backend)
+    spares = cluster.spares
+    run = LongRun(restarts, float(delay), timeout, hang, spares, progress, watched)
+    return replace(run, forward_signals=forward)
 
 
 def _host_timeout(opts: LaunchOptions, cluster: ClusterSpec) -> float:

@@ -98,6 +98,7 @@ _DEFAULTS = Obj(
         "host_timeout": Either((Float(gt=0), Str(min_len=1))),  # seconds, or 90s/45m/2h
         "min_progress": Int(ge=1),
         "progress_file": Str(min_len=1),
+        "forward_signals": Str(min_len=1),
         "strict_shards": Bool(),
     }
 )
@@ -272,6 +273,7 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
             strict_shards=d.strict_shards,
             min_progress=d.min_progress,
             progress_file=d.progress_file,
+            forward_signals=d.forward_signals,
         ),
         spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,

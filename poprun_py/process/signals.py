@@ -29,8 +29,10 @@ an instance fails does not claim the failure as its own.
 :func:`handling_signals` installs the handlers (main thread only; the old ones come back after).
 While a job is running (``control.armed``) a signal becomes :meth:`Control.interrupt`; before
 that (connecting, preflight, staging) it raises KeyboardInterrupt, which the CLI turns into
-exit 130 with nothing left started. SIGUSR1 and SIGUSR2 (:data:`FORWARD_SIGNALS`) become
-:meth:`Control.forward` while armed and are ignored before (they no longer kill poprun-py).
+exit 130 with nothing left started. The forwarded signals (``Control(forwarding=...)``, by
+default SIGUSR1 and SIGUSR2: :data:`FORWARD_SIGNALS`; ``--forward-signals``,
+:func:`parse_forward_signals`) become :meth:`Control.forward` while armed and are ignored before
+(they no longer kill poprun-py); a forwarded SIGHUP no longer stops the job.
 A restarted job keeps its Control: :meth:`Control.next_attempt` clears the rule's stop and
 disarms it (:meth:`Control.disarm`), so that until the next attempt runs (the restart delay,
 reconnecting, preflight, staging) a stop signal raises KeyboardInterrupt again and SIGUSR1 and
@@ -39,6 +41,10 @@ SIGUSR2 are ignored.
 
 Example:
 
+    >>> parse_forward_signals("usr2,SIGHUP") == (signal.SIGUSR2, signal.SIGHUP)
+    True
+    >>> signal_names(FORWARD_SIGNALS)
+    'USR1,USR2'
     >>> control = Control()
     >>> control.arm()
     >>> control.forward(10); control.take_forwards(), control.take_forwards()
@@ -62,9 +68,11 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
     from poprun_py.core.result import InstanceResult
@@ -76,7 +84,52 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
 FORWARD_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, n) for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)
 )
-"""The signals poprun-py passes on to every instance of a running job (the job goes on)."""
+"""The signals poprun-py passes on to every instance of a running job by default (the job goes
+on); ``--forward-signals`` chooses others among :data:`FORWARDABLE`."""
+FORWARDABLE: tuple[str, ...] = tuple(
+    n for n in ("SIGUSR1", "SIGUSR2", "SIGHUP") if hasattr(signal, n)
+)
+"""The signals ``--forward-signals`` may name: poprun-py handles each of them itself."""
+
+
+def parse_forward_signals(text: str, flag: str = "--forward-signals") -> tuple[int, ...]:
+    """``USR1,sigusr2,HUP`` as signal numbers, in the order given (duplicates dropped); names
+    with or without ``SIG``, any case. UsageError (exit 2, nothing started) for an empty list,
+    an unknown name, or a signal poprun-py cannot pass on (KILL, STOP, INT, TERM, CHLD...)."""
+    chosen: list[int] = []
+    for word in (w.strip() for w in text.split(",")):
+        name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
+        if name not in FORWARDABLE:
+            what = "unknown" if not hasattr(signal, name) else "cannot be forwarded"
+            names = ", ".join(n[3:] for n in FORWARDABLE)
+            raise UsageError(f"{flag} {word or '(empty)'}: {what}; choose among {names}")
+        if getattr(signal, name) not in chosen:
+            chosen.append(getattr(signal, name))
+    return tuple(chosen)
+
+
+def forward_signals(text: str | None, backend: str) -> tuple[int, ...]:
+    """``--forward-signals`` (or the spec's ``defaults.forward_signals``) for ``backend``:
+    :data:`FORWARD_SIGNALS` when not given; UsageError (exit 2, nothing started) for a bad name
+    (:func:`parse_forward_signals`) or one the backend's launcher cannot pass on."""
+    if text is None:
+        return FORWARD_SIGNALS
+    from poprun_py.core.backends import capabilities
+
+    chosen = parse_forward_signals(text)
+    cannot = dict(capabilities(backend).unforwardable)
+    for signum in chosen:
+        why = cannot.get(signal.Signals(signum).name)
+        if why is not None:
+            name = signal.Signals(signum).name[3:]
+            raise UsageError(f"--forward-signals {name}: not with --backend {backend} ({why})")
+    return chosen
+
+
+def signal_names(signums: Iterable[int]) -> str:
+    """``USR1,USR2``: the short names, comma-separated (how ``--forward-signals`` takes them)."""
+    return ",".join(signal.Signals(s).name[3:] for s in signums)
+
 
 T = TypeVar("T")
 
@@ -103,8 +156,11 @@ class DumpRequest:
 class Control:
     """Stop requests for one running job, with a wake-up pipe for the runner's poll loop."""
 
-    def __init__(self, policy: Policy | None = fail_fast):
+    def __init__(
+        self, policy: Policy | None = fail_fast, forwarding: tuple[int, ...] = FORWARD_SIGNALS
+    ):
         self.policy = policy
+        self.forwarding = forwarding  # the signals passed on to every instance (--forward-signals)
         self.interrupts = 0
         self.stop_reason: str | None = None
         self.armed = False
@@ -259,10 +315,13 @@ def _take(queue: list[T]) -> list[T]:
 def handling_signals(control: Control) -> Iterator[Control]:
     """SIGINT, SIGTERM and SIGHUP go to ``control`` while this is active (main thread only):
     an interrupt once the job runs, KeyboardInterrupt before. A closed terminal (SIGHUP) must
-    not leave instances running either. Every signal also writes to ``control``'s wake-up pipe
-    (:attr:`Control.signal_fd`) as it arrives, on whichever thread: Python runs its handlers
-    in the main thread only, so a signal taken by a helper thread (the relay's, paramiko's)
-    would otherwise wait until the runner's poll woke for something else."""
+    not leave instances running either -- unless SIGHUP is forwarded (``control.forwarding``,
+    ``--forward-signals``): then, like every forwarded signal, it goes to every instance while
+    the job runs and is ignored before. SIGUSR1 and SIGUSR2 not forwarded are ignored (they do
+    not kill poprun-py, nor reach any instance). Every signal also writes to ``control``'s
+    wake-up pipe (:attr:`Control.signal_fd`) as it arrives, on whichever thread: Python runs
+    its handlers in the main thread only, so a signal taken by a helper thread (the relay's,
+    paramiko's) would otherwise wait until the runner's poll woke for something else."""
     if threading.current_thread() is not threading.main_thread():
         yield control
         return
@@ -273,15 +332,16 @@ def handling_signals(control: Control) -> Iterator[Control]:
         control.interrupt()
 
     def on_forward(signum: int, frame: object) -> None:
-        if control.armed:
+        if control.armed and signum in control.forwarding:
             control.forward(signum)
 
     old: dict[int, Any] = {}
     old_fd: int | None = None
     try:  # installed inside: a Ctrl-C meanwhile must not leave the pipe as the wake-up fd
         old_fd = signal.set_wakeup_fd(control.signal_fd, warn_on_full_buffer=False)
-        old.update({s: signal.signal(s, on_signal) for s in STOP_SIGNALS})
-        old.update({s: signal.signal(s, on_forward) for s in FORWARD_SIGNALS})
+        forwarded = frozenset(control.forwarding)
+        old.update({s: signal.signal(s, on_signal) for s in STOP_SIGNALS if s not in forwarded})
+        old.update({s: signal.signal(s, on_forward) for s in forwarded | set(FORWARD_SIGNALS)})
         yield control
     finally:
         for sig, handler in old.items():

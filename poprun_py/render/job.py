@@ -252,6 +252,7 @@ def render_job(
     mpi_network: str | None = None,
     argv_limit: int = ARGV_LIMIT,
     restart_count: int = 0,  # the attempt: POPRUN_RESTART_COUNT of every instance
+    forward_signals: Sequence[str] = ("SIGUSR1", "SIGUSR2"),  # --forward-signals, by name
 ) -> RenderedJob:
     """Render ``plan`` for ``backend``; RenderError (exit 2) names the template and the fault.
 
@@ -264,8 +265,11 @@ def render_job(
     jenv = environment(templates_dir)
     job_dir = _normalize_dir(job_dir)
     hosts = _host_contexts(plan)
-    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, restart_count)
+    checkpoint = forward_signals[0] if forward_signals else instance_env.CHECKPOINT_SIGNAL
+    attempt = (restart_count, checkpoint)
+    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, attempt)
     base = _base_context(plan, backend, job_dir, hosts)
+    base.update(traps=_traps(forward_signals))
     base.update(mpi_args=tuple(mpi_args), mpi_subnet=mpi_subnet, as_root=as_root)
     base.update(mpi_network=mpi_network)
     argvs = _render_instances(jenv, base, contexts)
@@ -321,19 +325,27 @@ def _instance_contexts(
     hosts: Sequence[HostContext],
     job_dir: str,
     available: Mapping[str, Topology | None],
-    restart_count: int,
+    attempt: tuple[int, str],  # the restart count, the checkpoint signal's name
 ) -> tuple[list[InstanceContext], list[dict[str, str]]]:
     secrets = instance_env.secret_names(plan.env)
     bind = Binder(plan, available)
     contexts, envs = [], []
     for inst in plan.instances:
         shard_file = posixpath.join(job_dir, f"shard-{inst.index}.txt")
-        env = instance_env.instance_env(plan, inst, shard_file, restart_count)
+        env = instance_env.instance_env(plan, inst, shard_file, *attempt)
         host = hosts[inst.host_index]
         where = (inst.index, host, inst.local_index, inst, bind(inst), plan.workdir, shard_file)
         contexts.append(InstanceContext(*where, (), (), env, secrets))
         envs.append(env)
     return contexts, envs
+
+
+def _traps(forward_signals: Sequence[str]) -> str:
+    """What a rank's wrapper shell traps (``trap : USR1 USR2 HUP``) to survive what reaches its
+    process group: SIGUSR1 and SIGUSR2 always (a stack dump sends SIGUSR1), and every signal
+    forwarded."""
+    names = ["USR1", "USR2"] + [n.removeprefix("SIG") for n in forward_signals]
+    return " ".join(dict.fromkeys(names))
 
 
 def _base_context(
