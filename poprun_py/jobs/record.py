@@ -146,8 +146,12 @@ def observed(record: JobRecord, *, supervisor_alive: bool) -> JobRecord:
 
 
 def to_json(record: JobRecord) -> str:
-    """The record as ``job.json`` text."""
-    return json.dumps(asdict(record), indent=1, sort_keys=True) + "\n"
+    """The record as ``job.json`` text (``hang`` only when a hang was recorded: a record without
+    one is written as before it existed)."""
+    data = asdict(record)
+    if data["hang"] is None:
+        del data["hang"]
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
 def from_json(text: str | dict[str, Any]) -> JobRecord:
