@@ -15,11 +15,12 @@ executable path), and ``-localhost ADDRESS``, this machine's address towards the
 the proxies connect back (hydra's default, this machine's host name, may not resolve there).
 The user's own ``-launcher``/``-bootstrap``/``-localhost``/``-iface`` (or ``HYDRA_*``) win.
 
-Signals: hydra passes SIGUSR1 on to its ranks but dies of SIGUSR2, so poprun-py passes both
-past it (:func:`to_ranks`): each rank's wrapper leads a session of its own and traps both, and
-its process group is signalled -- from the launcher's process tree here, and by each host's
-agent (``sigr N``) for the proxies relayed there. When hydra starts its proxies itself (the
-user's own launcher), SIGUSR1 goes through hydra and SIGUSR2 is dropped with a warning.
+Signals: hydra passes SIGUSR1 on to its ranks but dies of SIGUSR2, so poprun-py
+passes every forwarded signal (``--forward-signals``) past it (:func:`to_ranks`): each rank's
+wrapper leads a session of its own and traps them all, and its process group is signalled --
+from the launcher's process tree here, and by each host's agent (``sigr N``) for the proxies
+relayed there. When hydra starts its proxies itself (the user's own launcher), SIGUSR1 goes
+through hydra and any other signal is dropped with a warning.
 
 Example:
 
@@ -237,11 +238,11 @@ def in_reach(job: RenderedJob, relay: Relay, environ: Mapping[str, str]) -> bool
 
 
 def to_ranks(run: Supervision, relay: Relay, in_reach: bool, signum: int) -> None:
-    """SIGUSR1/SIGUSR2 to every rank, past hydra (which dies of SIGUSR2): the ranks under this
-    machine's proxies from here, the others by their hosts' agents; each rank's wrapper
-    survives it (``mpiexec.j2``). Out of reach (:func:`in_reach`: hydra starts the proxies
+    """A forwarded signal (SIGUSR1, SIGUSR2, SIGHUP) to every rank, past hydra (which dies of
+    SIGUSR2): the ranks under this machine's proxies from here, the others by their hosts'
+    agents; each rank's wrapper survives it (``mpiexec.j2``). Out of reach (:func:`in_reach`: hydra starts the proxies
     itself, with the user's own ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra,
-    which passes it on, and SIGUSR2 is dropped with a warning."""
+    which passes it on, and any other is dropped with a warning."""
     if in_reach:
         signal_ranks(list(run.live), signum)
         relay.signal_ranks(signum)

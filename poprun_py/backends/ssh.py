@@ -15,8 +15,9 @@ requests), and
 
 The local backend's rules apply across hosts: the first instance to fail (or a host lost)
 makes every agent SIGTERM its instances' groups, and SIGKILL after the grace period;
-SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once); SIGUSR1/SIGUSR2 to
-poprun-py reach every instance's process group (``sig N`` to every agent); a hung job's stacks
+SIGINT/SIGTERM to poprun-py do the same (a second one SIGKILLs at once); the forwarded signals
+(``--forward-signals``: SIGUSR1/SIGUSR2 by default, SIGHUP if chosen) to poprun-py reach every
+instance's process group (``sig N`` to every agent); a hung job's stacks
 are dumped by every agent (``dump F``: ``py-spy dump`` where it is on the host's PATH, else
 SIGUSR1 to those that registered faulthandler), each answering ``y IDX HOW``. Agents and poprun-py
 send each other heartbeats: a host silent for ``liveness`` seconds (``--host-timeout``: dead,
