@@ -240,9 +240,9 @@ def in_reach(job: RenderedJob, relay: Relay, environ: Mapping[str, str]) -> bool
 def to_ranks(run: Supervision, relay: Relay, in_reach: bool, signum: int) -> None:
     """A forwarded signal (SIGUSR1, SIGUSR2, SIGHUP) to every rank, past hydra (which dies of
     SIGUSR2): the ranks under this machine's proxies from here, the others by their hosts'
-    agents; each rank's wrapper survives it (``mpiexec.j2``). Out of reach (:func:`in_reach`: hydra starts the proxies
-    itself, with the user's own ``-launcher``/``-bootstrap``), SIGUSR1 goes through hydra,
-    which passes it on, and any other is dropped with a warning."""
+    agents; each rank's wrapper survives it (``mpiexec.j2``). Out of reach (:func:`in_reach`:
+    hydra starts the proxies itself, with the user's own ``-launcher``/``-bootstrap``), SIGUSR1
+    goes through hydra, which passes it on, and any other is dropped with a warning."""
     if in_reach:
         signal_ranks(list(run.live), signum)
         relay.signal_ranks(signum)
