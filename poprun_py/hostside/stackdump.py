@@ -20,7 +20,9 @@ module's source on every node (:mod:`poprun_py.backends.slurm_stacks`), where
 MPICH's hydra dies of SIGUSR2, so poprun-py passes it (and SIGUSR1) to hydra's ranks itself:
 :func:`signal_ranks` finds the ranks' wrappers (``/bin/sh -c REPORT poprun-rank ...``, see
 ``mpiexec.j2``; hydra starts each in a session of its own) in a daemon's tree and signals each
-wrapper's process group, as hydra does with SIGUSR1; the wrapper traps both signals.
+wrapper's process group, as hydra does with SIGUSR1; the wrapper traps both signals. A
+wrapper found before its shell has run its ``trap`` (it would die of the signal) is signalled
+by a thread once its ``SigCgt`` shows the trap (:func:`signal_when_trapped`), not dropped.
 
 Example:
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 
 TYPE_CHECKING = False  # not typing's: the agent's start does not pay for importing it
 if TYPE_CHECKING:
@@ -56,6 +59,11 @@ SLURM_RANK_VARS = ("SLURM_PROCID", "RANK")
 """Where a Slurm task's rank is: Slurm's, then poprun-py's."""
 RANK_WRAPPER = b"poprun-rank"
 """The ``$0`` of the shell each rank of an mpiexec job runs under (``mpiexec.j2``)."""
+TRAP_WAIT = 10.0
+"""Seconds a rank wrapper that has not run its ``trap`` yet is waited for before a signal for
+it is given up (:func:`signal_ranks`); it runs the trap first, so this is the start of a shell
+on a loaded host."""
+TRAP_POLL = 0.01  # seconds between looks at such a wrapper
 
 
 def find_pyspy(path: str | None = None) -> str | None:
@@ -139,25 +147,71 @@ def _signal_tree(pid: int, sig: int) -> None:
             continue  # it ended meanwhile
 
 
-def signal_ranks(roots: list[int], sig: int) -> int:
+def start_time(pid: int) -> bytes | None:
+    """Process ``pid``'s start time (``/proc/PID/stat`` field 22), None when it is gone: with
+    the pid, it names one process (a pid may be reused once its process ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _signal_wrapper(pid: int, sig: int) -> bool:
+    """``sig`` to rank wrapper ``pid``'s process group when it leads one, else to it and its
+    descendants; False when it ended meanwhile."""
+    try:
+        leads = os.getpgid(pid) == pid
+        if leads:
+            os.killpg(pid, sig)
+    except OSError:
+        return False
+    if not leads:
+        _signal_tree(pid, sig)
+    return True
+
+
+def signal_ranks(roots: list[int], sig: int, wait: float = TRAP_WAIT) -> int:
     """Send ``sig`` to every rank of an mpiexec job in the trees of ``roots``: the process
     group of each rank wrapper (:data:`RANK_WRAPPER`) that leads one, else the wrapper and its
-    descendants; a wrapper not catching ``sig`` yet (just started) is left alone. Return how
-    many ranks were signalled."""
-    count = 0
+    descendants. A wrapper not catching ``sig`` yet (just started: its shell has not run its
+    ``trap``) would die of it: a thread signals it once it catches ``sig``, within ``wait``
+    seconds (:func:`signal_when_trapped`). Return how many ranks were signalled at once."""
+    count, pending = 0, []
     for root in roots:
         for pid in tree(root):
-            if pid == root or not _is_rank_wrapper(pid) or not catches(pid, sig):
+            if pid == root or not _is_rank_wrapper(pid):
                 continue
-            try:
-                leads = os.getpgid(pid) == pid
-                if leads:
-                    os.killpg(pid, sig)
-            except OSError:
-                continue  # it ended meanwhile
-            if not leads:
-                _signal_tree(pid, sig)
-            count += 1
+            if not catches(pid, sig):
+                pending.append((pid, start_time(pid)))
+            elif _signal_wrapper(pid, sig):
+                count += 1
+    if pending:
+        args = (pending, sig, wait)
+        threading.Thread(target=signal_when_trapped, args=args, daemon=True).start()
+    return count
+
+
+def signal_when_trapped(
+    wrappers: list[tuple[int, bytes | None]], sig: int, wait: float = TRAP_WAIT
+) -> int:
+    """Signal each rank wrapper ``(pid, start time)`` once it catches ``sig``, polling for
+    ``wait`` seconds at most; one that ended (or whose pid now names another process) is
+    dropped, one still not catching ``sig`` then is left alone. Return how many were
+    signalled."""
+    deadline, count, todo = time.monotonic() + wait, 0, list(wrappers)
+    while todo:
+        for pid, started in list(todo):
+            if start_time(pid) != started or not _is_rank_wrapper(pid):
+                todo.remove((pid, started))
+            elif catches(pid, sig):
+                todo.remove((pid, started))
+                count += _signal_wrapper(pid, sig)
+        if not todo or time.monotonic() >= deadline:
+            break
+        time.sleep(TRAP_POLL)
     return count
 
 

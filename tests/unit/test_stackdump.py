@@ -188,3 +188,54 @@ def test_signal_ranks_reaches_every_rank_and_neither_the_daemon_nor_an_untrapped
                 os.kill(pid, signal.SIGKILL)
         daemon.kill()
         daemon.wait(timeout=10)
+
+
+LATE_TRAP = 'sleep 0.5; trap "echo usr2 > $1" USR2; : > "$1.trapped"; sleep 30'
+"""A rank wrapper whose shell runs its trap late (a loaded host): it writes ``$1`` when SIGUSR2
+arrives once trapped, and would die of one that came before."""
+DAEMON_OF_ONE = "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()"
+
+
+def test_a_signal_for_a_wrapper_not_trapping_yet_reaches_it_once_it_traps(tmp_path: Path) -> None:
+    """The signal arriving right at a rank's start: its wrapper is found (by its argv) before
+    its shell has run ``trap``; it is neither killed nor dropped but signalled once it traps."""
+    out = tmp_path / "got"
+    wrapper = ["/bin/sh", "-c", LATE_TRAP, "poprun-rank", str(out)]
+    daemon = subprocess.Popen([PY, "-c", DAEMON_OF_ONE, *wrapper], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        wrappers: list[int] = []
+        while not wrappers:
+            assert time.monotonic() < deadline
+            wrappers = [p for p in stackdump.tree(daemon.pid) if stackdump._is_rank_wrapper(p)]
+        assert not stackdump.catches(wrappers[0], signal.SIGUSR2)  # the trap is 0.5 s away
+        assert stackdump.signal_ranks([daemon.pid], signal.SIGUSR2) == 0  # not at once
+        while not out.exists():
+            assert time.monotonic() < deadline, "the signal was lost"
+            time.sleep(0.01)
+        assert out.read_text() == "usr2\n"  # its trap ran: it was signalled once trapping
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+
+
+def test_a_wrapper_that_never_traps_or_ends_is_given_up() -> None:
+    """A wrapper still not trapping after the wait is left alone (not killed); one gone is
+    dropped at once."""
+    wrapper = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 30; :", "poprun-rank"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not stackdump._is_rank_wrapper(wrapper.pid):
+            assert time.monotonic() < deadline
+        started = stackdump.start_time(wrapper.pid)
+        assert started is not None
+        t0 = time.monotonic()
+        assert stackdump.signal_when_trapped([(wrapper.pid, started)], signal.SIGUSR2, 0.2) == 0
+        assert 0.2 <= time.monotonic() - t0 < 5 and wrapper.poll() is None
+        assert stackdump.signal_when_trapped([(wrapper.pid, b"0")], signal.SIGUSR2, 30) == 0
+    finally:
+        os.killpg(wrapper.pid, signal.SIGKILL)
+        wrapper.wait(timeout=10)
+    assert stackdump.start_time(wrapper.pid) is None
