@@ -1,7 +1,8 @@
 """--forward-signals with real processes: a chosen SIGHUP reaches every instance (on this machine
 and on the ssh test hosts, past hydra under mpiexec), the program learns it as its checkpoint
 signal (poprun_py.dist.on_checkpoint), the job goes on; SIGUSR2, not chosen, is ignored by
-poprun-py and reaches no instance. Nothing is left running."""
+poprun-py and reaches no instance. Under mpirun and srun (no SIGHUP) USR2 alone is chosen and
+USR1 reaches no rank. Nothing is left running."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.integration.test_long_run_hosts import (
     started,
     stopped_at_the_end,
 )
+from tests.integration.test_slurm_cli import squeue_empty
+from tests.slurmcluster import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -113,3 +116,19 @@ def test_under_mpirun_a_chosen_usr2_alone_reaches_every_rank_and_usr1_does_not(
         code, out, err = twice_after_the_other(run, 4, signal.SIGUSR2, signal.SIGUSR1)
     assert_every_rank_checkpointed_twice(code, out, err, 4)
     only_sshd(test_cluster_4)
+
+
+@pytest.mark.hosts
+def test_under_slurm_a_chosen_usr2_alone_reaches_every_task_and_usr1_does_not(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """srun ends the step on SIGHUP (refused before launch): USR2 alone, through srun."""
+    program = tmp_path / "checkpoint.py"
+    program.write_text(CHECKPOINT)
+    nodes = ",".join(slurm_cluster.node_names[:2])
+    args = ["launch", "-b", "slurm", "-H", nodes, "-r", "4", "-n", "4", "--time", "5"]
+    args += ["--forward-signals", "USR2", "--", PY, str(program), "SIGUSR1"]
+    with stopped_at_the_end(started(args, tmp_path, env=slurm_env)) as run:
+        code, out, err = twice_after_the_other(run, 4, signal.SIGUSR2, signal.SIGUSR1)
+    assert_every_rank_checkpointed_twice(code, out, err, 4)
+    assert squeue_empty(slurm_env)
