@@ -43,6 +43,10 @@ NOT_SHOWN_LIVE = {
     "host_timeout": "shown only by a host going silent: tests/integration/test_long_run_hosts.py",
     "grace_period": "shown only by timing SIGTERM to SIGKILL: tests/integration/test_failures.py",
     "dry_run": "starts nothing: the unit matrix",
+    "min_progress": "shown by restarts that stop: tests/integration/test_progress_rule.py",
+    "progress_file": "shown by restarts that stop: tests/integration/test_progress_rule.py",
+    "forward_signals": "shown by signals sent to poprun-py: "
+    "tests/integration/test_forward_signals.py",
     "up": "creates a cluster: tests/integration/test_provision_local.py",
     "down": "with --up",
     "yes": "with --up",
