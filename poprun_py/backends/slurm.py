@@ -91,9 +91,11 @@ _LABEL = re.compile(rb" *(\d+): ?")
 _TASK_END = re.compile(r"srun: error: (\S+): tasks? ([0-9,-]+): (.+)")
 _EXITED = re.compile(r"Exited with exit code (\d+)")
 _ERROR = re.compile(r"srun: error: (.+)")
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
 _SIGNALS = {signal.strsignal(s) or "": int(s) for s in signal.valid_signals()}
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
 TASK_SCRIPT = "slurm-task.sh"
+NODE_FAILED = "its node failed (srun: Node failure)"
 log = logging.getLogger(__name__)
 
 
@@ -132,9 +134,12 @@ class TaskReport:
     def __init__(self) -> None:
         self.ends: dict[int, TaskEnd] = {}
         self.error = ""
+        self.failed_nodes: dict[str, float] = {}  # node -> when srun said it failed
 
     def scan(self, line: str) -> None:
         """Look at one line of srun's own output."""
+        if failure := _NODE_FAILURE.fullmatch(line.strip()):
+            self.failed_nodes.setdefault(failure.group(1), time.time())
         match = _TASK_END.fullmatch(line.strip())
         if match is None:
             if error := _ERROR.fullmatch(line.strip()):
@@ -254,7 +259,9 @@ def slurm_request(prep: Prepared) -> SlurmRequest:
     node runs no task until it takes a lost host's place (Slurm would shrink a job of fewer
     tasks than nodes)."""
     plan, opts = prep.plan, prep.options
-    hosts = (*(h.spec for h in plan.hosts), *prep.long_run.spares)
+    planned = tuple(h.spec for h in plan.hosts)
+    names = {h.name for h in planned}
+    hosts = (*planned, *(s for s in prep.long_run.spares if s.name not in names))
     named = tuple(h.name for h in hosts if h.name != "localhost")
     spares = bool(prep.long_run.spares)
     return SlurmRequest(
@@ -265,7 +272,17 @@ def slurm_request(prep: Prepared) -> SlurmRequest:
         account=opts.slurm_account,
         nodelist=named if len(named) == len(hosts) else (),
         tasks_per_node=max(len(h.instances) for h in plan.hosts),
+        no_kill=spares,
     ).check()
+
+
+def spares_alone(prep: Prepared) -> bool:
+    """Whether ``prep`` is the job planned on its spares alone (the restarts' preflight of the
+    spares, beside the hosts'). Outside an allocation that preflight asks for nothing: an
+    allocation of its own would wait for the job's, which holds the spares (a deadlock), and a
+    spare granted in the job's allocation is a node Slurm has up."""
+    spares = {s.name for s in prep.long_run.spares}
+    return bool(spares) and all(h.name in spares for h in prep.plan.hosts)
 
 
 class SlurmSession:
@@ -285,6 +302,8 @@ class SlurmSession:
 
         if shutil.which("srun") is None:
             raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
+        if spares_alone(prep) and current_allocation(os.environ) is None:
+            return Checked(prep, {})  # see spares_alone
         alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
         plan = prep.plan
@@ -383,6 +402,9 @@ def task_results(run: Supervised, hosts: Mapping[int, str], report: TaskReport) 
     for rank in sorted(hosts):
         end = report.ends.get(rank)
         state, code, sig, detail = _outcome(end, srun_code, stopping, report)
+        lost = report.failed_nodes.get(hosts[rank])
+        if lost is not None:  # its node failed: a restart puts a spare in its place
+            state, code, sig, detail = InstanceState.LOST, None, None, NODE_FAILED
         results.append(
             InstanceResult(
                 index=rank,
@@ -391,7 +413,7 @@ def task_results(run: Supervised, hosts: Mapping[int, str], report: TaskReport) 
                 signal=sig,
                 state=state,
                 started=srun.started,
-                ended=end.at if end else srun.ended,
+                ended=lost if lost is not None else end.at if end else srun.ended,
                 detail=detail,
             )
         )

@@ -63,7 +63,9 @@ class SlurmRequest:
     ``time`` is in Slurm's format (``30`` minutes, ``1:00:00``, ``2-0``); ``tasks`` must be a
     multiple of ``nodes``, unless ``tasks_per_node`` gives the most tasks a node runs (hosts
     with different slots); ``exclusive`` asks for whole nodes (needed for NUMA binding);
-    ``nodelist`` names the nodes (as many as ``nodes``); ``output`` is sbatch's ``--output``.
+    ``nodelist`` names the nodes (as many as ``nodes``); ``output`` is sbatch's ``--output``;
+    ``no_kill`` keeps the allocation when one of its nodes fails (``--no-kill``: with spare
+    hosts, a restart runs on a spare inside it).
     """
 
     nodes: int
@@ -76,6 +78,7 @@ class SlurmRequest:
     nodelist: tuple[str, ...] = ()
     output: str | None = None
     tasks_per_node: int | None = None
+    no_kill: bool = False
 
     def check(self) -> SlurmRequest:
         """Return self if valid; raise UsageError naming the bad field otherwise."""
@@ -134,6 +137,8 @@ def request_options(req: SlurmRequest) -> list[str]:
         opts.append("--exclusive")
     if req.nodelist:
         opts.append(f"--nodelist={','.join(req.nodelist)}")
+    if req.no_kill:
+        opts.append("--no-kill")
     return opts
 
 
