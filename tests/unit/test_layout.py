@@ -160,3 +160,11 @@ def test_no_import_circles_between_packages() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test files by their base name (rootdir mode): two of one name in
+    different folders stop the whole session at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
