@@ -88,6 +88,7 @@ CLEANUP_TIMEOUT = 15.0
 BIND_HINT = "NUMA binding needs whole nodes: allocate with --exclusive, or use --no-numa-aware"
 
 _LABEL = re.compile(rb" *(\d+): ?")
+SRUN_CHUNK = 1024  # Slurm's MAX_MSG_LEN (src/common/io_hdr.h): the most bytes of one I/O message
 _TASK_END = re.compile(r"srun: error: (\S+): tasks? ([0-9,-]+): (.+)")
 _EXITED = re.compile(r"Exited with exit code (\d+)")
 _ERROR = re.compile(r"srun: error: (.+)")
@@ -162,12 +163,19 @@ class TaskReport:
 
 
 class LabelDemux:
-    """Splits one of srun's pipes into per-task lines (labelled) and srun's own lines."""
+    """Splits one of srun's pipes into per-task lines (labelled) and srun's own lines.
+
+    Slurm forwards a task's output in messages of at most :data:`SRUN_CHUNK` bytes, and
+    ``--label`` ends each message as a line: a longer line arrives as labelled pieces of exactly
+    that size, then its rest (empty when its length was a multiple). A piece of that size is
+    therefore joined with the task's next one, so a long line is never cut in two.
+    """
 
     def __init__(self, output: Output, stream: str, report: TaskReport, ntasks: int):
         self._output, self._stream, self._report = output, stream, report
         self._ntasks = ntasks
         self._pending = b""
+        self._pieces: dict[int, bytes] = {}
 
     def feed(self, data: bytes) -> None:
         """Route every complete line; keep the tail."""
@@ -176,15 +184,22 @@ class LabelDemux:
             self._route(line)
 
     def close(self) -> None:
-        """Route a last line that had no newline."""
+        """Route a last line that had no newline, and any long line still in pieces."""
         if self._pending:
             self._route(self._pending)
             self._pending = b""
+        for task, piece in sorted(self._pieces.items()):
+            self._output.emit(task, self._stream, piece)
+        self._pieces.clear()
 
     def _route(self, line: bytes) -> None:
         label = _LABEL.match(line)
-        if label and int(label.group(1)) < self._ntasks:
-            self._output.emit(int(label.group(1)), self._stream, line[label.end() :])
+        if label and (task := int(label.group(1))) < self._ntasks:
+            text = self._pieces.pop(task, b"") + line[label.end() :]
+            if len(line) - label.end() == SRUN_CHUNK:
+                self._pieces[task] = text
+            else:
+                self._output.emit(task, self._stream, text)
             return
         self._report.scan(line.decode("utf-8", "replace"))
         self._output.emit(LAUNCHER_INDEX, self._stream, line)

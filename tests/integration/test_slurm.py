@@ -179,6 +179,27 @@ def test_step_spans_nodes_with_ranks_hosts_env_and_binding_of_the_plan(
     assert_nothing_left(slurm_cluster, slurm_env, marker)
 
 
+def test_a_long_line_of_a_task_arrives_whole(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path, marker: str
+) -> None:
+    # srun cuts output into 1,024-byte messages and --label makes each a line; a line that
+    # long (a JSON report under a long working directory) must still reach the sink in one
+    write = (
+        "import sys\nfor n in (2500, 1024, 3):\n"
+        "    print('a' * n)\n    print('e' * n, file=sys.stderr)"
+    )
+    with slurm.allocated(slurm.SlurmRequest(nodes=2, tasks=2, time="5")) as alloc:
+        plan = plan_on(alloc.hosts, [sys.executable, "-c", write], marker)
+        lines: list[tuple[int, str, str]] = []
+        result = run_step(plan, alloc, tmp_path / "job", lines)
+    assert result.ok, result
+    for index in (0, 1):
+        for stream, char in (("stdout", "a"), ("stderr", "e")):
+            got = [len(line) for i, s, line in lines if i == index and s == stream and line]
+            assert got == [2500, 1024, 3], (index, stream)
+    assert_nothing_left(slurm_cluster, slurm_env, marker)
+
+
 def test_failing_task_ends_the_step_with_its_exit_code(
     slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path, marker: str
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from poprun_py.backends import slurm_alloc as slurm
 from poprun_py.backends.slurm import (
     BIND_HINT,
+    SRUN_CHUNK,
     LabelDemux,
     SlurmBackend,
     TaskReport,
@@ -220,6 +221,25 @@ def test_label_demux_routes_task_lines_and_srun_lines() -> None:
         (LAUNCHER_INDEX, "stderr", "99: not a task"),
     ]
     assert report.ends[11].exit_code == 2
+
+
+def test_label_demux_joins_the_pieces_srun_cuts_a_long_line_into() -> None:
+    lines: list[tuple[int, str, str]] = []
+    output = Output(RunOptions(sink=lambda i, s, line: lines.append((i, s, line))), {})
+    demux = LabelDemux(output, "stdout", TaskReport(), ntasks=2)
+    chunk = SRUN_CHUNK
+    # what srun --label printed for task 0 writing 2,500 a's, 1,024 b's, then "c" (see
+    # test_slurm's test_a_long_line_of_a_task_arrives_whole), with task 1 in between
+    demux.feed(b"0: " + b"a" * chunk + b"\n1: x\n0: " + b"a" * chunk + b"\n0: " + b"a" * 452)
+    demux.feed(b"\n0: " + b"b" * chunk + b"\n0: \n0: c\n1: " + b"y" * chunk + b"\n")
+    demux.close()
+    assert lines == [
+        (1, "stdout", "x"),
+        (0, "stdout", "a" * 2500),
+        (0, "stdout", "b" * 1024),
+        (0, "stdout", "c"),
+        (1, "stdout", "y" * 1024),
+    ]
 
 
 def _supervised(code: int, *, stopped: bool = False, interrupted: bool = False) -> Supervised:
