@@ -19,11 +19,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from poprun_py.core import look
 from poprun_py.core.env import hardware_env
-from poprun_py.core.plan import InstancePlan, LaunchPlan, network_choice
+from poprun_py.core.look import table_lines
+from poprun_py.core.plan import HostPlan, InstancePlan, LaunchPlan, network_choice
 from poprun_py.core.topology import format_cpulist
 
 MAX_CELLS = 32
+HOST_LIMIT = 64
+"""Hosts shown one a line by :func:`host_lines`; the rest are counted (the JSON has them all)."""
+
+__all__ = [
+    "INSTANCE_COLUMNS",
+    "fitted_lines",
+    "folded_ints",
+    "hardware_lines",
+    "host_lines",
+    "instance_lines",
+    "instance_row",
+    "plan_dict",
+    "plan_lines",
+    "summary_lines",
+    "table_lines",
+    "topology_lines",
+]
 
 
 def _span(cells: list[tuple[str, int]]) -> str:
@@ -136,6 +155,85 @@ def _stretch(widths: list[int], total: int) -> list[int]:
     return [w + extra // len(widths) + (j < extra % len(widths)) for j, w in enumerate(widths)]
 
 
+def plan_lines(plan: LaunchPlan, width: int = look.PIPED_WIDTH) -> list[str]:
+    """What ``plan`` (and ``--dry-run``, ``--print-topology``) prints, no line wider than
+    ``width``: the topology one host a line, the summary, the instance and hardware tables."""
+    lines = [
+        "poprun-py topology",
+        *host_lines(plan, width),
+        *wrapped(summary_lines(plan), width),
+        *instance_lines(plan, width=width),
+        *hardware_lines(plan, width=width),
+    ]
+    return [look.clip(line, width) for line in lines]  # even where the headers alone are wider
+
+
+def host_lines(
+    plan: LaunchPlan, width: int = look.PIPED_WIDTH, limit: int = HOST_LIMIT
+) -> list[str]:
+    """The topology folded per host, ranges throughout, fields aligned from host to host::
+
+        h1: instances 0-7 | NUMA 0-1 | CPUs 0-63 | GPUs 0-3 | replicas 0-31
+
+    At most ``limit`` hosts (then "… N more hosts"), each line cut to ``width``.
+
+    >>> from poprun_py.core.plan import make_plan
+    >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
+    >>> from poprun_py.core.hosts import parse_hosts
+    >>> plan = make_plan(cluster_from_hosts(parse_hosts("h1,h2")), JobSpec(("t",), 8, 4))
+    >>> print("\\n".join(host_lines(plan, limit=1)))
+    h1: instances 0-1 | NUMA - | CPUs - | devices - | replicas 0-3
+    … 1 more hosts (--format json)
+    """
+    rows = [_host_fields(plan, h) for h in plan.hosts[:limit]]
+    names = [f"{h.name}:" for h in plan.hosts[:limit]]
+    name_width = max(map(len, names), default=0)
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))] if rows else []
+    lines = [
+        look.clip(
+            f"{name.ljust(name_width)} "
+            + " | ".join(f.ljust(w) for f, w in zip(row, widths, strict=True)).rstrip(),
+            width,
+        )
+        for name, row in zip(names, rows, strict=True)
+    ]
+    if len(plan.hosts) > limit:
+        lines.append(look.more_line(len(plan.hosts) - limit, "hosts", "--format json"))
+    return lines
+
+
+def _host_fields(plan: LaunchPlan, host: HostPlan) -> list[str]:
+    insts = [plan.instances[i] for i in host.instances]
+    kind = host.topology.device_kind if host.topology else None
+    devices = "GPUs" if kind in ("nvidia", "amd") else "devices"
+    replicas = [
+        r for i in insts for r in range(i.replica_offset, i.replica_offset + i.num_local_replicas)
+    ]
+    return [
+        f"instances {format_cpulist(host.instances) or '-'}",
+        f"NUMA {format_cpulist(n for i in insts for n in i.numa_nodes) or '-'}",
+        f"CPUs {format_cpulist(c for i in insts for c in i.cpus) or '-'}",
+        f"{devices} {format_cpulist(d for i in insts for d in i.devices) or '-'}",
+        f"replicas {format_cpulist(replicas) or '-'}",
+    ]
+
+
+def wrapped(lines: Sequence[str], width: int) -> list[str]:
+    """Prose lines wrapped to ``width`` at spaces, continuations indented by two.
+
+    >>> wrapped(["note: binding would change nothing on node01"], 24)
+    ['note: binding would', '  change nothing on', '  node01']
+    """
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        out += textwrap.wrap(
+            line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=True
+        ) or [""]
+    return out
+
+
 def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
     """One row of the per-instance table."""
     shard = inst.shard
@@ -152,15 +250,6 @@ def instance_row(plan: LaunchPlan, inst: InstancePlan) -> list[str]:
         folded_ints(inst.groups) or "-",
         files,
         _human(shard.bytes),
-    ]
-
-
-def table_lines(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
-    """A plain aligned text table (two spaces between columns), header first."""
-    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [list(columns), *rows]
     ]
 
 
@@ -194,17 +283,22 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def instance_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
-    """The per-instance table, at most ``limit`` rows (the JSON has them all)."""
+def instance_lines(plan: LaunchPlan, limit: int = 64, width: int | None = None) -> list[str]:
+    """The per-instance table, at most ``limit`` rows (the JSON has them all), fitted to
+    ``width`` when given (instance and host stay whole)."""
     rows = [instance_row(plan, inst) for inst in plan.instances[:limit]]
-    lines = table_lines(INSTANCE_COLUMNS, rows)
+    if width is None:
+        lines = table_lines(INSTANCE_COLUMNS, rows)
+    else:
+        lines = look.fit_table(INSTANCE_COLUMNS, rows, width, keep=2)
     if len(plan.instances) > limit:
         lines.append(f"... and {len(plan.instances) - limit} more instances (--format json)")
     return lines
 
 
-def hardware_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
-    """Each instance's device, NIC and network variables (none: no lines)."""
+def hardware_lines(plan: LaunchPlan, limit: int = 64, width: int | None = None) -> list[str]:
+    """Each instance's device, NIC and network variables (none: no lines), fitted to
+    ``width`` when given."""
     envs = [hardware_env(plan, inst) for inst in plan.instances[:limit]]
     names = list(dict.fromkeys(n for env in envs for n in env))
     if not names:
@@ -213,7 +307,10 @@ def hardware_lines(plan: LaunchPlan, limit: int = 64) -> list[str]:
         [str(inst.index), inst.host, *(env.get(n, "-") or "''" for n in names)]
         for inst, env in zip(plan.instances, envs, strict=False)
     ]
-    return ["", *table_lines(("instance", "host", *names), rows)]
+    columns = ("instance", "host", *names)
+    if width is None:
+        return ["", *table_lines(columns, rows)]
+    return ["", *look.fit_table(columns, rows, width, keep=2)]
 
 
 INSTANCE_COLUMNS = (
