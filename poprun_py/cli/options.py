@@ -27,6 +27,7 @@ from typing import Annotated, Any, Optional, Union, get_args
 
 import typer
 
+from poprun_py.cli.durations import DURATION, DURATION_TEXT
 from poprun_py.core.spec import SshOptions
 
 H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
@@ -51,7 +52,10 @@ class Flag:
     why the Slurm batch job's ``launch`` does not get it (``batch``) and why a detached job's
     record leaves it out (``detach``), empty when they do; ``field``: it is a
     :class:`~poprun_py.prepare.job.LaunchOptions` field (else the record's ``cli`` part);
-    ``path``: ``"path"`` or ``"@"`` (a path after ``@``) is made absolute when passed on."""
+    ``path``: ``"path"`` or ``"@"`` (a path after ``@``) is made absolute when passed on;
+    ``duration``: the value is a duration (90s, 45m, 2h, or seconds): seconds for a float
+    option, the checked text for a str one. The help says the default in words (typer's own
+    ``[default: ...]`` is off: one default shown, once)."""
 
     name: str
     decls: tuple[str, ...]
@@ -66,14 +70,21 @@ class Flag:
     field: bool = True
     metavar: str | None = None
     path: str = ""
+    duration: bool = False
 
     @property
     def annotated(self) -> Any:
         """The typer parameter: ``Annotated[type, typer.Option(...)]`` (or ``Argument``)."""
         if not self.decls:
             return Annotated[self.type, typer.Argument(help=self.help)]
+        kind = (DURATION_TEXT if self.base is str else DURATION) if self.duration else None
         option = typer.Option(
-            *self.decls, rich_help_panel=self.panel, help=self.help, metavar=self.metavar
+            *self.decls,
+            rich_help_panel=self.panel,
+            help=self.help,
+            metavar=self.metavar,
+            show_default=False,
+            click_type=kind,
         )
         return Annotated[self.type, option]
 
@@ -133,14 +144,16 @@ _ENTRIES = (
          "mpiexec, srun), as one string (split like a shell would).", "defaults.mpi_args"),
     Flag("templates", ("--templates",), Str, None, H_RUN, "Directory of Jinja2 templates "
          "overriding the packaged ones by name.", path="path"),
-    Flag("grace_period", ("--grace-period",), Float, None, H_RUN, "Seconds between SIGTERM and "
-         "SIGKILL when stopping instances (default 5).", "defaults.grace_period"),
+    Flag("grace_period", ("--grace-period",), Float, None, H_RUN, "Time between SIGTERM and "
+         "SIGKILL when stopping instances (default: the spec's, else 5s).",
+         "defaults.grace_period", duration=True),
     Flag("host_timeout", ("--host-timeout",), Str, None, H_RUN, "A host silent this long (90s, "
          "45m, 2h, or seconds) is lost, and its agent stops its instances when poprun-py is "
          "silent this long (default: the spec's, else 3m). A closed connection is noticed at "
-         "once.", "defaults.host_timeout"),
-    Flag("connect_timeout", ("--connect-timeout",), Float, None, H_SSH, "SSH connect timeout in "
-         "seconds (default: the cluster spec's, else 10).", "defaults.connect_timeout", EVERY),
+         "once.", "defaults.host_timeout", duration=True),
+    Flag("connect_timeout", ("--connect-timeout",), Float, None, H_SSH, "SSH connect timeout "
+         "(default: the cluster spec's, else 10s).", "defaults.connect_timeout", EVERY,
+         duration=True),
     Flag("accept_new_host_keys", ("--accept-new-host-keys",), bool, False, H_SSH, "Record "
          "unknown SSH host keys (a changed key is always refused).", None,
          REMOTE),  # up and down have their own: the provider's trust in fresh static nodes
@@ -155,7 +168,7 @@ _ENTRIES = (
     Flag("sync", ("--sync",), bool, False, H_RUN, "Push the program's directory to every host "
          "before launching.", field=False,
          detach="the client pushes its files before the supervisor starts"),
-    Flag("fmt", ("--format", "-f"), str, "table", H_OUT, "table | json", None,
+    Flag("fmt", ("--format", "-f"), str, "table", H_OUT, "table | json (default table)", None,
          (*LAUNCHING, "jobs"), field=False,
          batch="it says how render prints (a batch script is printed for table only)",
          detach="it says how the client prints the job's id"),
@@ -193,8 +206,9 @@ _ENTRIES = (
     Flag("check", ("--check",), bool, False, H_RUN, "Run `poprun-py check` on the planned "
          "instances first; launch only if it passes.", field=False,
          detach="the client runs the check before it detaches"),
-    Flag("check_timeout", ("--check-timeout",), float, 5.0, H_RUN, "Seconds the check waits "
-         "for every instance (default 5).", field=False, detach="with --check, on the client"),
+    Flag("check_timeout", ("--check-timeout",), float, 5.0, H_RUN, "How long the check waits "
+         "for every instance (default 5s).", field=False, detach="with --check, on the client",
+         duration=True),
     Flag("check_torch", ("--check-torch",), bool, False, H_RUN, "The check also runs a "
          "torch.distributed Gloo all-reduce where torch is importable (importing torch costs "
          "each instance about a second).", field=False, detach="with --check, on the client"),
@@ -202,13 +216,15 @@ _ENTRIES = (
          "times after a failure (an instance failed, a host was lost, a hang, the time limit); "
          "never after Ctrl-C/SIGTERM. Instances see POPRUN_RESTART_COUNT and "
          "TORCHELASTIC_RESTART_COUNT (default: spec, else 0).", "defaults.max_restarts"),
-    Flag("restart_delay", ("--restart-delay",), Float, None, H_LONG, "Seconds before a restart.",
-         "defaults.restart_delay"),
+    Flag("restart_delay", ("--restart-delay",), Float, None, H_LONG, "Time before a restart "
+         "(default: the spec's, else 0).", "defaults.restart_delay", duration=True),
     Flag("timeout", ("--timeout",), Str, None, H_LONG, "Stop an attempt running longer than "
-         "this (90s, 45m, 2h): 'timed out', exit 124.", "defaults.timeout"),
+         "this (90s, 45m, 2h): 'timed out', exit 124 (default: the spec's, else no limit).",
+         "defaults.timeout", duration=True),
     Flag("hang_timeout", ("--hang-timeout",), Float, None, H_LONG, "An instance without output "
-         "(or poprun_py.dist.heartbeat()) for S seconds is hung: its stacks are dumped into the "
-         "logs, then the job stops (exit 124).", "defaults.hang_timeout"),
+         "(or poprun_py.dist.heartbeat()) this long is hung: its stacks are dumped into the "
+         "logs, then the job stops (exit 124; default: the spec's, else never).",
+         "defaults.hang_timeout", duration=True),
     Flag("min_progress", ("--min-progress",), Int, None, H_LONG, "Restart only an attempt "
          "that advanced at least N steps beyond the last one (poprun_py.dist.heartbeat(step=N), "
          "or --progress-file written); else stop with the attempt's exit code.",

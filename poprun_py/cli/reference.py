@@ -28,6 +28,7 @@ def row(flag: Flag) -> str:
     """One option's line of the table."""
     names = [*flag.decls[0].split("/"), *flag.decls[1:]] if flag.decls else ["PROGRAM..."]
     kind = "flag" if flag.base is bool else "str, repeatable" if flag.many else flag.base.__name__
+    kind = "duration" if flag.duration else kind
     key = f"`{flag.spec_key}`" if flag.spec_key else ""
     return _line(sorted(names, key=len), kind, flag.default, key, flag.help)
 
