@@ -131,14 +131,15 @@ def _show_faults(exc: PreflightError) -> None:
     """Every host's faults in one table on stderr (before the one-line summary)."""
     if len(exc.faults) < 2:
         return
-    from poprun_py.cli.app import console
-    from poprun_py.preflight.probes import format_faults
+    from poprun_py.launch.summary import print_faults
 
-    console(stderr=True).print(format_faults(exc.faults))
+    print_faults(exc.faults, sys.stderr)
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {message}\n")
+    from poprun_py.core.look import paint, use_colour
+
+    sys.stderr.write(f"{PROG}: {paint('error:', 'error', use_colour(sys.stderr))} {message}\n")
     sys.stderr.flush()
 
 

@@ -12,6 +12,8 @@ Example:
     node02  lost
     >>> fit_table(("host", "detail"), [["h1", "Traceback: boom"]], width=14)
     ['host  detail', 'h1    Traceba…']
+    >>> folded_table(("host", "problem"), [["h1", "no address in 10.0.0.0/8"]], 20)[1:]
+    ['h1    no address in', '      10.0.0.0/8']
     >>> more_line(1984, "hosts")
     '… 1,984 more hosts'
     >>> paint("ROOT CAUSE", "error", colour=True)
@@ -98,6 +100,28 @@ def fit_table(
         over -= give
     cut = [[clip(cell, w) for cell, w in zip(row, widths, strict=True)] for row in rows]
     return table_lines(columns, cut)
+
+
+def folded_table(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """:func:`table_lines` at most ``width`` wide by folding the last column's text onto
+    lines of its own (at spaces), the other columns whole: for text that must be read to
+    its end, such as what went wrong on a host.
+
+    >>> folded_table(("host", "problem"), [["h1", "program: x: not found on PATH"]], 24)
+    ['host  problem', 'h1    program: x: not', '      found on PATH']
+    """
+    import textwrap
+
+    head = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns[:-1])]
+    indent = sum(head) + 2 * len(head)
+    room = max(width - indent, len(columns[-1]), 1)
+    lines = table_lines(columns, [[*r[:-1], ""] for r in rows])
+    out = [lines[0]]
+    for line, row in zip(lines[1:], rows, strict=True):
+        parts = textwrap.wrap(row[-1], room, break_on_hyphens=False) or [""]
+        out.append((line.ljust(indent) + parts[0]).rstrip())
+        out += [" " * indent + part for part in parts[1:]]
+    return out
 
 
 def clip(text: str, width: int) -> str:

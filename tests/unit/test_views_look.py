@@ -4,6 +4,9 @@ and never with NO_COLOR, the topology folded per host with ranges and a counted 
 from __future__ import annotations
 
 import io
+import sys
+
+import pytest
 
 from poprun_py.core import look
 from poprun_py.core.hosts import parse_hosts
@@ -74,3 +77,32 @@ def test_no_line_of_the_plan_is_wider_than_80_with_2048_hosts() -> None:
         lines = plan_lines(plan, width)
         assert max(map(len, lines)) <= width
         assert lines[0] == "poprun-py topology"
+
+
+def test_preflight_faults_fold_their_problem_within_80_columns() -> None:
+    from poprun_py.errors import Fault
+    from poprun_py.launch.summary import fault_lines
+
+    detail = "no address in 198.18.1.0/24 (has: " + ", ".join(["10.0.0.1"] * 12) + ")"
+    faults = [Fault(f"node{k:04}", "network", detail) for k in range(70)]
+    lines = fault_lines(faults)
+    assert lines[0] == "preflight failed: 70 fault(s), nothing was started"
+    assert lines[1].split() == ["host", "check", "problem"]
+    assert lines[2].startswith("node0000  network  no address in 198.18.1.0/24 (has:")
+    assert max(map(len, lines)) <= 80
+    assert lines[-1] == "… 6 more faults"
+
+
+def test_errors_are_red_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from poprun_py.cli import _error
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for stream, shown in ((Tty(), "\x1b[1;31merror:\x1b[0m"), (io.StringIO(), "error:")):
+        monkeypatch.setattr("sys.stderr", stream)
+        _error("boom")
+        assert stream.getvalue() == f"poprun-py: {shown} boom\n"
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr("sys.stderr", Tty())
+    _error("boom")
+    assert "\x1b" not in sys.stderr.getvalue()
