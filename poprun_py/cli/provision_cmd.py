@@ -221,7 +221,10 @@ def status_command(
     if not rows:
         sys.stderr.write("poprun-py: no provisioned clusters\n")
         return
-    console().print(_status_table(rows))
+    from poprun_py.core import look
+
+    lines = look.bold_header(_status_table(rows), look.use_colour(sys.stdout))
+    look.write_lines(sys.stdout, lines)
 
 
 def _status_dict(s: ClusterStatus) -> dict[str, Any]:
@@ -238,19 +241,19 @@ def _status_dict(s: ClusterStatus) -> dict[str, Any]:
     }
 
 
-def _status_table(rows: list[ClusterStatus]) -> Any:
-    from rich.table import Table
+def _status_table(rows: list[ClusterStatus]) -> list[str]:
+    """The one table style (:mod:`poprun_py.core.look`); nothing is cut: ids are copied."""
+    from poprun_py.core.look import table_lines
 
-    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for column in ("cluster", "provider", "phase", "node", "address", "state", "id"):
-        table.add_column(column, overflow="fold")
+    table: list[list[str]] = []
     for s in rows:
         head = [s.record.cluster, s.record.provider, s.record.phase]
         if not s.nodes:
-            table.add_row(*head, "-", "-", s.error or "-", "-")
+            table.append([*head, "-", "-", s.error or "-", "-"])
         for i, n in enumerate(s.nodes):
             state = f"{n.state} ({s.error})" if s.error and i == 0 else n.state
-            table.add_row(
-                *(head if i == 0 else ["", "", ""]), n.name, n.address, state, n.resource_id
+            table.append(
+                [*(head if i == 0 else ["", "", ""]), n.name, n.address, state, n.resource_id]
             )
-    return table
+    columns = ("cluster", "provider", "phase", "node", "address", "state", "id")
+    return table_lines(columns, table)

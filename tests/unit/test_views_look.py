@@ -106,3 +106,25 @@ def test_errors_are_red_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("sys.stderr", Tty())
     _error("boom")
     assert "\x1b" not in sys.stderr.getvalue()
+
+
+def test_status_lists_nodes_in_the_one_style_with_ids_whole() -> None:
+    from types import SimpleNamespace as NS
+
+    from poprun_py.cli.provision_cmd import _status_table
+
+    record = NS(cluster="pod16", provider="aws", phase="ready")
+    node = NS(name="node01", address="198.18.1.11", state="running", resource_id="i-" + "0" * 40)
+    rows = [NS(record=record, nodes=(node, node), error=None)]
+    lines = _status_table(rows)  # type: ignore[arg-type]
+    assert lines[0].split() == ["cluster", "provider", "phase", "node", "address", "state", "id"]
+    assert lines[1].split() == [
+        "pod16",
+        "aws",
+        "ready",
+        "node01",
+        "198.18.1.11",
+        "running",
+        node.resource_id,
+    ]
+    assert lines[2].split() == ["node01", "198.18.1.11", "running", node.resource_id]
