@@ -1,5 +1,7 @@
-"""Text views of a plan: PopRun's topology table and the per-instance table rows, and the plan
-JSON of docs/running.md ("Plan JSON"). Pure functions returning strings and dicts; the CLI
+"""Text views of a plan: the topology one host a line (:func:`host_lines`), the summary, the
+per-instance table, all within a width (:func:`plan_lines`, what ``plan`` prints), PopRun's
+pipe-drawn topology picture (:func:`topology_lines`, kept for callers of the library), and the
+plan JSON of docs/running.md ("Plan JSON"). Pure functions returning strings and dicts; the CLI
 prints them.
 
 Example:
@@ -175,7 +177,8 @@ def host_lines(
 
         h1: instances 0-7 | NUMA 0-1 | CPUs 0-63 | GPUs 0-3 | replicas 0-31
 
-    At most ``limit`` hosts (then "… N more hosts"), each line cut to ``width``.
+    At most ``limit`` hosts (then "… N more hosts"); where aligned fields would be wider than
+    ``width`` each line stands alone, and is cut to ``width`` (ending in "…") as a last resort.
 
     >>> from poprun_py.core.plan import make_plan
     >>> from poprun_py.core.spec import JobSpec, cluster_from_hosts
@@ -187,19 +190,24 @@ def host_lines(
     """
     rows = [_host_fields(plan, h) for h in plan.hosts[:limit]]
     names = [f"{h.name}:" for h in plan.hosts[:limit]]
-    name_width = max(map(len, names), default=0)
-    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))] if rows else []
-    lines = [
-        look.clip(
-            f"{name.ljust(name_width)} "
-            + " | ".join(f.ljust(w) for f, w in zip(row, widths, strict=True)).rstrip(),
-            width,
-        )
-        for name, row in zip(names, rows, strict=True)
-    ]
+    lines = _aligned(names, rows)
+    if max(map(len, lines), default=0) > width:  # unaligned, then cut, rather than too wide
+        lines = [f"{name} {' | '.join(row)}" for name, row in zip(names, rows, strict=True)]
+    lines = [look.clip(line, width) for line in lines]
     if len(plan.hosts) > limit:
         lines.append(look.more_line(len(plan.hosts) - limit, "hosts", "--format json"))
     return lines
+
+
+def _aligned(names: list[str], rows: list[list[str]]) -> list[str]:
+    """Host lines whose fields line up from host to host."""
+    name_width = max(map(len, names), default=0)
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))] if rows else []
+    return [
+        f"{name.ljust(name_width)} "
+        + " | ".join(f.ljust(w) for f, w in zip(row, widths, strict=True)).rstrip()
+        for name, row in zip(names, rows, strict=True)
+    ]
 
 
 def _host_fields(plan: LaunchPlan, host: HostPlan) -> list[str]:

@@ -128,3 +128,13 @@ def test_status_lists_nodes_in_the_one_style_with_ids_whole() -> None:
         node.resource_id,
     ]
     assert lines[2].split() == ["node01", "198.18.1.11", "running", node.resource_id]
+
+
+def test_host_lines_too_wide_to_align_stand_alone_before_being_cut() -> None:
+    cluster = cluster_from_hosts(parse_hosts("node[0001-2048]"), topology=uniform(2, 32, 4))
+    plan = make_plan(cluster, JobSpec(("t",), replicas=16384, instances=4096))
+    lines = host_lines(plan)
+    assert (
+        lines[2] == "node0003: instances 4-5 | NUMA 0-1 | CPUs 0-63 | devices 0-7 | replicas 16-23"
+    )
+    assert max(map(len, lines)) <= 80
