@@ -14,7 +14,9 @@ not exist), and under ``cli`` every other option the client does not apply itsel
 (:func:`poprun_py.cli.option_model.detached_cli`: ``--only-output-from-instance``,
 ``--keep-job-dir``, ...); the values of
 ``--env NAME`` secrets only in its environment, over the channel (never on disk, never in an
-argv). ``--sync`` is done here first, from the client's files.
+argv). ``--sync`` is done here first, from the client's files. With ``--check`` and spares,
+the client runs the check and swaps failing hosts (the supervisor then runs on the first host
+of the replaced set); under ``check``, the record says what it decided.
 
 Example::
 
@@ -55,13 +57,16 @@ class DetachOptions:
     """What ``launch`` adds to a detached job: its logs' directory, ``--sync``, with ``--down``
     the spec of the cluster to remove when the job ends, ``here`` when the cluster's hosts
     are this machine's (a local-provider cluster): the supervisor then runs here; ``cli``: the
-    other options the supervisor applies, by parameter name."""
+    other options the supervisor applies, by parameter name; ``check``: what ``--check`` with
+    spares decided (:meth:`~poprun_py.launch.check.Swapped.choices`: the supervisor runs the
+    job on the same hosts, and checks a spare before a restart uses it)."""
 
     output_dir: str | None = None
     sync: bool = False
     down: str | None = None
     here: bool = False
     cli: Mapping[str, Any] = field(default_factory=dict)
+    check: Mapping[str, Any] | None = None
 
 
 def check_detachable(prep: Prepared) -> None:
@@ -106,6 +111,8 @@ def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> Job
         "grace_period": prep.grace_period,
         "cli": dict(options.cli),
     }
+    if options.check is not None:
+        extra["check"] = dict(options.check)
     for key, path in (("cluster", cluster), ("down", extra["down"])):
         if path:
             extra[f"{key}_text"] = Path(path).read_text(encoding="utf-8")

@@ -40,7 +40,7 @@ from poprun_py.jobs.record import JobRecord, check_job_id, ended, from_json, run
 from poprun_py.jobs.registry import write_private
 
 if TYPE_CHECKING:
-    from poprun_py.prepare.job import LaunchOptions
+    from poprun_py.prepare.job import LaunchOptions, Prepared
 
 NOT_STARTED = 1
 
@@ -155,6 +155,22 @@ def launch_options(recorder: Recorder) -> LaunchOptions:
     if workdir and os.path.isdir(workdir):
         os.chdir(workdir)
     return LaunchOptions(**values)
+
+
+def prepared(recorder: Recorder, logs: str) -> tuple[Prepared, list[str]]:
+    """The job planned here from the client's options; with ``--check`` and spares, with the
+    client's check's choices made again (:func:`~poprun_py.launch.check.replay`:
+    ``plan-check.json`` in ``logs``, a spare checked before a restart uses it, as attached) and
+    the summary's lines naming the swaps."""
+    from poprun_py.launch.check import replay
+    from poprun_py.prepare.job import prepare
+
+    prep = prepare(launch_options(recorder))
+    choices = recorder.record.options.get("check")
+    if choices is None:
+        return prep, []
+    swapped = replay(prep, choices)
+    return swapped.prep, swapped.keep(logs)
 
 
 def spec_here(recorder: Recorder, path: str | None, key: str) -> str | None:

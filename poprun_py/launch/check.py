@@ -30,6 +30,7 @@ With spares, every host that fails is swapped for one, until the check passes:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import statistics
@@ -48,11 +49,13 @@ if TYPE_CHECKING:
     from poprun_py.backends.base import Backend
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
-    from poprun_py.prepare.job import Prepared
+    from poprun_py.prepare.job import LongRun, Prepared
 
 log = logging.getLogger("poprun_py.launch")
 CheckHosts = Callable[["Prepared"], Mapping[str, str]]
 """Runs the check on a prepared job: every host that failed it and why, in plan order."""
+Show = Callable[["CheckReport"], None] | None
+"""Gets each check's report (the CLI prints its table)."""
 MARK = "POPRUN-CHECK"
 CHECK_VAR = "POPRUN_CHECK_PROGRAM"
 """Where :mod:`poprun_py.hostside.check_instance` ships (``bundle.from_env``): a secret's way,
@@ -275,7 +278,7 @@ def failing_hosts(
     timeout: float = DEFAULT_TIMEOUT,
     torch: bool = False,
     backend: Backend | None = None,
-    show: Callable[[CheckReport], None] | None = None,
+    show: Show = None,
 ) -> dict[str, str]:
     """Run the check (``show`` gets its report); every planned host that failed it and why: its
     problems, or its preflight fault when the check could not start there."""
@@ -334,6 +337,65 @@ class Swapped:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.record(), indent=1) + "\n", encoding="utf-8")
         return path
+
+    def keep(self, output_dir: str | None) -> list[str]:
+        """:meth:`write` when a host was swapped or a spare failed (and ``output_dir`` is
+        given); the summary's :meth:`lines`."""
+        if output_dir and (self.swaps or self.rejected):
+            self.write(output_dir)
+        return self.lines()
+
+    def choices(self) -> dict[str, Any]:
+        """What the check decided, as JSON (a detached job's record): :func:`replay` makes
+        the same job of the same options again."""
+        long_run = self.prep.long_run
+        return {
+            "replaced": {s.host: s.spare for s in self.swaps},
+            "why": {s.host: s.why for s in self.swaps},
+            "spares_failed": dict(self.rejected),
+            "check_timeout": long_run.check_timeout,
+            "check_torch": long_run.check_torch,
+        }
+
+
+def check_and_swap(
+    prep: Prepared, timeout: float, torch: bool = False, show: Show = None
+) -> Swapped:
+    """``launch --check`` with spares, attached or detached: :func:`swap_failing` with the
+    check (``show`` gets each check's report), and the job made of its choices
+    (:func:`replay`), told to check a spare before a restart uses it."""
+    check = functools.partial(failing_hosts, timeout=timeout, torch=torch, show=show)
+    choices = swap_failing(prep, check).choices()
+    return replay(prep, {**choices, "check_timeout": timeout, "check_torch": torch})
+
+
+def replay(prep: Prepared, choices: Mapping[str, Any]) -> Swapped:
+    """``prep`` as the check left it (:meth:`Swapped.choices`): each spare in the place of the
+    host it replaced, the spares that failed dropped, and a spare checked before a restart uses
+    it. The one way both an attached launch and a detached job's supervisor (which plans the
+    job again from its options) make the job they run."""
+    from poprun_py.prepare.job import with_hosts_replaced
+
+    replaced, why = dict(choices["replaced"]), dict(choices["why"])
+    rejected = dict(choices["spares_failed"])
+    prep = with_hosts_replaced(prep, replaced)
+    long_run = replace(
+        prep.long_run,
+        spares=tuple(s for s in prep.long_run.spares if s.name not in rejected),
+        check_timeout=choices["check_timeout"],
+        check_torch=bool(choices["check_torch"]),
+    )
+    swaps = tuple(Swap(host, spare, why[host]) for host, spare in replaced.items())
+    return Swapped(replace(prep, long_run=long_run), swaps, tuple(rejected.items()))
+
+
+def spare_check(long_run: LongRun) -> CheckHosts | None:
+    """The check a spare passes before it replaces a lost host in a restart (with ``--check``:
+    ``long_run.check_timeout`` set), else None."""
+    if long_run.check_timeout is None:
+        return None
+    timeout, torch = long_run.check_timeout, long_run.check_torch
+    return functools.partial(failing_hosts, timeout=timeout, torch=torch)
 
 
 def swap_failing(prep: Prepared, check: CheckHosts) -> Swapped:

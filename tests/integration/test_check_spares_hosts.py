@@ -3,8 +3,9 @@ management and a data network): ``launch --check --spare-hosts`` with a planned 
 link is down (the check finds it: it cannot reach MASTER_ADDR) and a spare whose link is down
 too: the bad spare is not used, the good one takes the bad host's place, the job runs on the
 replaced set, and the summary and ``plan-check.json`` say which host replaced which and why.
-With --check a spare passes the same check before it replaces a host lost mid-run. Afterwards
-nothing but sshd runs on any host."""
+With --check a spare passes the same check before it replaces a host lost mid-run. The same
+with ``--detach``: the client's check swaps, the supervisor runs the replaced set and checks a
+spare before a restart. Afterwards nothing but sshd runs on any host."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import json
 import os
 import re
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,4 +127,95 @@ def test_a_spare_that_fails_the_check_does_not_replace_a_lost_host(
     assert f"spare host {s1} takes the place" not in err
     assert sorted(re.findall(r"attempt 1 (\d) on (\S+)", out)) == [("0", h0), ("1", s2)], out
     assert re.search(rf"attempt 1: ok \({s2} in place of {h1}\)", err), err
+    only_sshd(cluster, settle=15.0)
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own registry of detached jobs (XDG_STATE_HOME)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
+def detached(args: list[str], tmp_path: Path) -> tuple[str, str]:
+    """``launch ... --detach``: the job id and the client's stderr."""
+    split = args.index("--")
+    proc = poprun(*args[:split], "--detach", *args[split:], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[-1], proc.stderr
+
+
+def job_row(job: str, tmp_path: Path) -> dict[str, object]:
+    proc = poprun("jobs", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows: list[dict[str, object]] = json.loads(proc.stdout)
+    return next(r for r in rows if r["id"] == job)
+
+
+def test_detached_a_host_that_fails_the_check_is_replaced_as_attached(
+    cluster: TestCluster, tmp_path: Path, registry: Path
+) -> None:
+    """The client's check swaps the hosts (its tables and warnings on the client's stderr); the
+    supervisor runs the job on the replaced set; its log has the attached launch's summary
+    lines, its logs directory ``plan-check.json``."""
+    h0, h1, s1, s2 = (h.name for h in cluster.hosts)
+    data_link(cluster, 1, up=False)  # a planned host: the check finds it
+    data_link(cluster, 2, up=False)  # the first spare: not used
+    args = check_args(cluster, spec_for(cluster, tmp_path), "--", "sh", "-c", SHOW)
+    job, err = detached(args, tmp_path)
+    try:
+        assert f"warning: check: spare host {s1} takes the place of host {h1}" in err
+        assert err.count("check: 2/2 host(s) ok") == 1, err
+        waited = poprun("wait", job, cwd=tmp_path)
+        assert waited.returncode == 0, waited.stderr
+    finally:
+        poprun("stop", job, cwd=tmp_path)
+    row = job_row(job, tmp_path)
+    assert row["hosts"] == [h0, s2] and row["supervisor"] == h0, row
+    job_dir = Path(str(row["job_dir"]))
+    log = (job_dir / "output.log").read_text()
+    assert sorted(re.findall(r"ran (\d) on (\S+)", log)) == [("0", h0), ("1", s2)], log
+    why = rf"instance 1: cannot reach MASTER_ADDR {re.escape(cluster.hosts[0].data_address)}"
+    summary = [line for line in log.splitlines() if line.startswith("poprun-py: check:")]
+    assert len(summary) == 2, log
+    assert re.match(rf"poprun-py: check: spare host {s2} in place of {h1} \({why}", summary[0])
+    assert re.match(rf"poprun-py: check: spare host {s1} failed the check \({why}", summary[1])
+    record = json.loads((job_dir / "logs" / "plan-check.json").read_text())
+    assert record["replaced"] == {h1: s2} and re.match(why, record["why"][h1])
+    assert list(record["spares_failed"]) == [s1]
+    assert [h["name"] for h in record["plan"]["hosts"]] == [h0, s2]
+    only_sshd(cluster)
+
+
+def test_detached_a_spare_that_fails_the_check_does_not_replace_a_lost_host(
+    cluster: TestCluster, tmp_path: Path, registry: Path
+) -> None:
+    """The supervisor checks a spare before a restart uses it, as an attached launch does."""
+    h0, h1, s1, s2 = (h.name for h in cluster.hosts)
+    data_link(cluster, 2, up=False)  # the first spare cannot reach MASTER_ADDR
+    more = ["--max-restarts", "1", "--host-timeout", "3s", "--", "sh", "-c", RUN_THEN_END]
+    job, err = detached(check_args(cluster, spec_for(cluster, tmp_path), *more), tmp_path)
+    log = Path(str(job_row(job, tmp_path)["job_dir"])) / "output.log"
+    try:
+        assert "check: 2/2 host(s) ok" in err  # on the client, before the job was detached
+        deadline = time.monotonic() + 30
+        while not re.search(r"attempt 0 1 on", log.read_text()):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        cut(cluster, 1, up=False)
+        waited = subprocess.run(
+            [sys.executable, "-m", "poprun_py", "wait", job],
+            cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+    finally:
+        cut(cluster, 1, up=True)
+        poprun("stop", job, cwd=tmp_path)
+    text = log.read_text()
+    assert waited.returncode == 0, text
+    assert re.search(rf"restart: spare host {s1} failed the check \(instance 1: cannot reach", text)
+    assert f"spare host {s2} takes the place of lost host {h1}" in text
+    assert f"spare host {s1} takes the place" not in text
+    assert sorted(re.findall(r"attempt 1 (\d) on (\S+)", text)) == [("0", h0), ("1", s2)], text
+    assert re.search(rf"attempt 1: ok \({s2} in place of {h1}\)", text), text
     only_sshd(cluster, settle=15.0)
