@@ -268,18 +268,16 @@ def _run_job(recorder: Recorder) -> None:
     from poprun_py.cli import report_error
     from poprun_py.cli.launch_cmd import _launch
     from poprun_py.errors import Interrupted, PoprunError
-    from poprun_py.jobs.supervisor import launch_options
-    from poprun_py.prepare.job import prepare
+    from poprun_py.jobs.supervisor import prepared
 
     extra = recorder.record.options
     try:
-        opts = launch_options(recorder)
-        prep = prepare(opts)
         logs = extra.get("output_dir") or str(recorder.job_dir / "logs")
+        prep, swaps = prepared(recorder, logs)  # --check with spares: the client's swaps
         cli = extra.get("cli") or {}  # the options launch_cmd passes on besides LaunchOptions
         only = cli.get("only_output_from_instance")
         keep = bool(cli.get("keep_job_dir"))
-        _launch(prep, logs, only, False, on_running=recorder.running, keep=keep)
+        _launch(prep, logs, only, False, on_running=recorder.running, keep=keep, before=swaps)
         recorder.ended(0, "", interrupted=False)
     except (PoprunError, KeyboardInterrupt) as exc:
         code = report_error(exc)

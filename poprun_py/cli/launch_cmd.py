@@ -31,7 +31,7 @@ from poprun_py.prepare.job import Prepared, prepare
 if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
-    from poprun_py.launch.check import CheckReport
+    from poprun_py.launch.check import CheckReport, Swapped
 
 
 _RETAINED: list[object] = []
@@ -69,11 +69,15 @@ def _command(mode: str) -> Callable[..., None]:
                 _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
                 return
             swaps: list[str] = []
+            choices = None  # a detached job's supervisor makes the same swaps (check.replay)
             if mode == "check" or given["check"]:
                 stream = sys.stdout if mode == "check" else sys.stderr
                 timeout, torch = given["check_timeout"], given["check_torch"]
-                if mode == "launch" and prep.long_run.spares and not one_key.detach:
-                    prep, swaps = _check_and_swap(prep, timeout, torch, output_dir)
+                if mode == "launch" and prep.long_run.spares:
+                    swapped = _check_and_swap(prep, timeout, torch)
+                    prep, choices = swapped.prep, swapped.choices()
+                    if not one_key.detach:
+                        swaps = swapped.keep(output_dir)
                 else:
                     _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
                 if mode == "check":
@@ -84,7 +88,7 @@ def _command(mode: str) -> Callable[..., None]:
             if one_key.detach:
                 down = given["cluster"] if one_key.down else None
                 cli = option_model.detached_cli(values)
-                _detach(prep, fmt, output_dir, sync, down, cli=cli)
+                _detach(prep, fmt, output_dir, sync, down, cli=cli, check=choices)
                 return
             _launch(prep, output_dir, only, sync, keep=given["keep_job_dir"], before=swaps)
 
@@ -118,16 +122,12 @@ def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: s
         raise PreflightError(report.faults)
 
 
-def _check_and_swap(
-    prep: Prepared, timeout: float, torch: bool, output_dir: str | None
-) -> tuple[Prepared, list[str]]:
-    """``launch --check`` with spares: every host that fails the check is swapped for a spare
-    until the check passes (each check's table on stderr; ``plan-check.json`` in
-    ``--output-dir``); the job, told to check a spare before a restart uses it, and the lines
-    naming the swaps. PreflightError (exit 3) when no spare is left."""
-    from dataclasses import replace
-
-    from poprun_py.launch.check import failing_hosts, report_lines, swap_failing
+def _check_and_swap(prep: Prepared, timeout: float, torch: bool) -> "Swapped":
+    """``launch --check`` with spares, attached or detached (:func:`check_and_swap`): every
+    host that fails the check is swapped for a spare until the check passes (each check's
+    table on stderr); the job, told to check a spare before a restart uses it, and the swaps.
+    PreflightError (exit 3) when no spare is left."""
+    from poprun_py.launch.check import check_and_swap, report_lines
 
     if timeout <= 0:
         raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
@@ -137,11 +137,7 @@ def _check_and_swap(
         sys.stderr.flush()
 
     with _warnings_to_stderr():
-        swapped = swap_failing(prep, lambda p: failing_hosts(p, timeout, torch, show=show))
-    if output_dir and (swapped.swaps or swapped.rejected):
-        swapped.write(output_dir)
-    long_run = replace(swapped.prep.long_run, check_timeout=timeout, check_torch=torch)
-    return replace(swapped.prep, long_run=long_run), swapped.lines()
+        return check_and_swap(prep, timeout, torch, show=show)
 
 
 for _mode in ("plan", "render", "launch", "check"):
@@ -206,11 +202,13 @@ def _detach(
     down: str | None,
     *,
     cli: "Mapping[str, object] | None" = None,
+    check: "Mapping[str, object] | None" = None,
 ) -> None:
     """``launch --detach``: the job goes to its supervisor; its id is the last line on stdout
     (``--format json``: an object with the id, hosts and where the logs are). ``cli``: the
     options that are not LaunchOptions fields and that the supervisor applies
-    (:func:`option_model.detached_cli`)."""
+    (:func:`option_model.detached_cli`); ``check``: the choices of ``--check`` with spares
+    (:meth:`~poprun_py.launch.check.Swapped.choices`), made again by the supervisor."""
     from poprun_py.jobs.detach import DetachOptions, detach
 
     here = False
@@ -220,7 +218,8 @@ def _detach(
         provider = load_cluster(down).provider
         here = provider is not None and provider.kind == "local"
     with _warnings_to_stderr():
-        record = detach(prep, DetachOptions(output_dir, sync, down, here, dict(cli or {})))
+        options = DetachOptions(output_dir, sync, down, here, dict(cli or {}), check)
+        record = detach(prep, options)
     where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
     sys.stderr.write(
         f"poprun-py: job {record.id}: {len(record.instances)} instance(s) running, "
@@ -263,12 +262,9 @@ def _launch(
         on_running=on_running,
         keep_job_dir=keep,
     )
-    check = None
-    if prep.long_run.check_timeout is not None:  # a spare passes the check before a restart
-        from poprun_py.launch.check import failing_hosts
+    from poprun_py.launch.check import spare_check
 
-        timeout, torch = prep.long_run.check_timeout, prep.long_run.check_torch
-        check = functools.partial(failing_hosts, timeout=timeout, torch=torch)
+    check = spare_check(prep.long_run)  # --check: a spare passes it before a restart uses it
     with _warnings_to_stderr(), lr.announcing(sys.stderr):  # each restart, as it happens
         result = launcher.launch(prep, settings, check=check)
     attempts = [*(before or ()), *lr.attempt_lines(result)]
