@@ -143,6 +143,7 @@ ROWS: Mapping[str, Row] = {
         ("--ssh-config", "{d}/ssh_config"),
         lambda d: str(d.prep.plan.cluster.ssh_config).endswith("/ssh_config"),
     ),
+    "ssh_client": Row(("--ssh-client", "openssh"), lambda d: _ssh(d).ssh_client == "openssh"),
     "identity": Row(
         ("--identity", "{d}/id_key"), lambda d: str(_ssh(d).identity_file).endswith("/id_key")
     ),

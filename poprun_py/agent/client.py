@@ -8,8 +8,8 @@ agents; the ssh backend then runs the job on the same agents
 (:class:`~poprun_py.backends.ssh.SshBackend`) and the mpirun backend starts Open MPI's daemons
 through them (:mod:`poprun_py.agent.relay`). A whole launch costs one login session per host.
 :class:`AgentLink` is one host's agent during a job: records in, control lines out, when it was
-last heard. Both talk to the agent over a :class:`~poprun_py.agent.stream.Stream` (today a
-Paramiko channel), never to the transport beneath.
+last heard. Both talk to the agent over a :class:`~poprun_py.agent.stream.Stream` (a Paramiko
+channel, or an OpenSSH client process), never to the transport beneath.
 
 Example::
 
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poprun_py.agent.stream import ChannelStream, Stream
+from poprun_py.agent.stream import ChannelStream, ProcessStream, Stream
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside import protocol as P
@@ -154,8 +154,15 @@ class AgentConnection:
 
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
-        """Start the agent on a new channel of ``conn`` and send it its code."""
-        stream = ChannelStream(conn.start(over_stdin()))
+        """Start the agent on a new channel of ``conn`` (an ``ssh`` process of its own over
+        OpenSSH) and send it its code."""
+        from poprun_py.ssh.openssh import OpenSshConnection
+
+        stream: Stream
+        if isinstance(conn, OpenSshConnection):
+            stream = ProcessStream(conn.spawn(over_stdin()))
+        else:
+            stream = ChannelStream(conn.start(over_stdin()))
         stream.write(payload("agent").data)
         return cls(conn.name, stream)
 

@@ -4,9 +4,10 @@ other. The protocol's users (:class:`~poprun_py.agent.client.AgentConnection`,
 :class:`~poprun_py.agent.client.AgentLink`, :mod:`poprun_py.agent.relay`,
 :mod:`poprun_py.backends.ssh`) talk to a Stream only, never to the transport beneath.
 
-A Paramiko channel is the first transport (:class:`ChannelStream`); an OpenSSH client
-process (its stdin and stdout pipes, its exit as the end) and a TCP socket fit the same five
-verbs. :mod:`poprun_py.testing.streams` has a fake one for tests of the protocol.
+A Paramiko channel is one transport (:class:`ChannelStream`); an OpenSSH client process is
+the other (:class:`ProcessStream`: its stdin and stdout pipes, the end of its stdout as the
+end, its stderr kept for :meth:`Stream.last_words`). :mod:`poprun_py.testing.streams` has a
+fake one for tests of the protocol.
 
 Example::
 
@@ -32,7 +33,12 @@ Run as a doctest (tests/unit/test_docstrings.py)::
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import threading
 from typing import TYPE_CHECKING, Protocol
+
+from poprun_py.ssh.openssh import end_process
 
 if TYPE_CHECKING:
     import paramiko
@@ -123,6 +129,103 @@ class ChannelStream:
 
     def last_words(self) -> str:
         """The last line of the command's stderr."""
+        return last_line(self.stderr)
+
+
+class ProcessStream:
+    """A child process as a :class:`Stream` (the OpenSSH client: ``ssh ... HOST COMMAND``): its
+    stdout in (non-blocking), its stdin out, its stderr read by a thread and kept aside (the
+    last :data:`DIAGNOSTICS_KEPT` bytes). The process must have been started with all three
+    as pipes (``bufsize=0``) and in a session of its own: :meth:`close` ends its group."""
+
+    def __init__(self, process: subprocess.Popen[bytes]):
+        assert process.stdin and process.stdout and process.stderr
+        self.process = process
+        self._out = process.stdout.fileno()
+        os.set_blocking(self._out, False)
+        self._pending = bytearray()
+        self._eof = False
+        self.stderr = b""
+        self._lock = threading.Lock()
+        self._stderr = threading.Thread(target=self._collect, daemon=True, name="poprun-stderr")
+        self._stderr.start()
+
+    def _collect(self) -> None:
+        assert self.process.stderr is not None
+        fd = self.process.stderr.fileno()
+        with contextlib.suppress(OSError, ValueError):
+            for chunk in iter(lambda: os.read(fd, 65536), b""):
+                self.stderr = (self.stderr + chunk)[-DIAGNOSTICS_KEPT:]
+
+    def _pull(self) -> None:
+        """Move what the pipe holds into the buffer; note its end."""
+        with self._lock:
+            while not self._eof:
+                try:
+                    chunk = os.read(self._out, 65536)
+                except BlockingIOError:
+                    return
+                except (OSError, ValueError):  # closed here
+                    chunk = b""
+                if not chunk:
+                    self._eof = True
+                self._pending += chunk
+
+    def fileno(self) -> int:
+        """The stdout pipe: readable while output is unread, and at its end."""
+        return self._out
+
+    def ready(self) -> bool:
+        """Unread output."""
+        self._pull()
+        return bool(self._pending)
+
+    def read(self) -> bytes:
+        """The unread output."""
+        self._pull()
+        with self._lock:
+            data, self._pending = bytes(self._pending), bytearray()
+        return data
+
+    def ended(self) -> bool:
+        """The process's stdout ended (it exited, or the far side closed), or it was closed."""
+        self._pull()
+        return self._eof
+
+    def write(self, data: bytes) -> None:
+        """All of ``data`` to the process's stdin; BrokenPipeError once it is gone."""
+        stdin = self.process.stdin
+        if stdin is None or stdin.closed:
+            raise BrokenPipeError("the stream is closed")
+        view = memoryview(data)
+        while view:
+            written = os.write(stdin.fileno(), view)
+            view = view[written:]
+
+    def send_eof(self) -> None:
+        """Close the process's stdin."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+
+    def close(self) -> None:
+        """Close stdin, end the process (SIGTERM to its group, SIGKILL a second later), reap
+        it and close its pipes."""
+        self.send_eof()
+        end_process(self.process)
+        with self._lock:
+            self._eof = True
+            with contextlib.suppress(OSError, ValueError):
+                if self.process.stdout is not None:
+                    self.process.stdout.close()
+        self._stderr.join(1.0)
+        with contextlib.suppress(OSError, ValueError):
+            if self.process.stderr is not None and not self._stderr.is_alive():
+                self.process.stderr.close()
+
+    def last_words(self) -> str:
+        """The last line of the process's stderr."""
+        self._stderr.join(0.2 if self.process.poll() is not None else 0.0)
         return last_line(self.stderr)
 
 

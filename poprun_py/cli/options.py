@@ -11,7 +11,7 @@ Example:
     >>> OPTIONS["hosts"].decls, OPTIONS["host_timeout"].spec_key
     (('--hosts', '-H'), 'defaults.host_timeout')
     >>> [f.decls[0] for f in SSH_FLAGS if "jobs" in f.commands]
-    ['--connect-timeout', '--known-hosts', '--ssh-config', '--identity', '--user']
+    ['--connect-timeout', '--known-hosts', '--ssh-config', '--ssh-client', '--identity', '--user']
     >>> ssh = ssh_options({"user": "ops", "hosts": "h1", "connect_timeout": 3.0})
     >>> ssh.user, ssh.connect_timeout, ssh.known_hosts
     ('ops', 3.0, None)
@@ -161,6 +161,10 @@ _ENTRIES = (
          "(default: the cluster spec's, then ~/.ssh).", "ssh.known_hosts", EVERY, path="path"),
     Flag("ssh_config", ("--ssh-config",), Str, None, H_SSH, "ssh_config file (default: the "
          "cluster spec's, else ~/.ssh/config).", "ssh.ssh_config", EVERY, path="path"),
+    Flag("ssh_client", ("--ssh-client",), Str, None, H_SSH, "auto | paramiko | openssh: the "
+         "SSH transport (default: the cluster spec's, else auto: OpenSSH's ssh for a host whose "
+         "ssh configuration needs it, such as host-based or GSSAPI authentication or "
+         "KnownHostsCommand, else Paramiko).", "ssh.client", EVERY),
     Flag("identity", ("--identity",), Str, None, H_SSH, "Private key for hosts that name none.",
          None, EVERY, path="path"),
     Flag("user", ("--user", "-l"), Str, None, H_SSH, "Login user for hosts that name none.",

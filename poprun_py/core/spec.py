@@ -104,6 +104,7 @@ class ClusterSpec:
     setup: str | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None
+    ssh_client: str | None = None  # ssh.client: auto | paramiko | openssh
     network: str | None = None  # CIDR of the network instances talk on (spec ``network:``)
     spares: tuple[HostSpec, ...] = ()  # held back, put in place of a lost host on a restart
 
@@ -213,3 +214,4 @@ class SshOptions:
     user: str | None = None
     accept_new_host_keys: bool = False
     connect_timeout: float | None = None
+    ssh_client: str | None = None

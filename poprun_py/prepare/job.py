@@ -83,6 +83,7 @@ class LaunchOptions:
     connect_timeout: float | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None
+    ssh_client: str | None = None
     identity: str | None = None
     user: str | None = None
     accept_new_host_keys: bool = False

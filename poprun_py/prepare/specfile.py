@@ -109,6 +109,7 @@ _SSH = Obj(
         "identity_file": Str(min_len=1),
         "known_hosts": Str(min_len=1),
         "ssh_config": Str(min_len=1),
+        "client": Str(min_len=1),
     }
 )
 _PROVIDER = Obj(
@@ -280,6 +281,7 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
         setup=model.setup,
         known_hosts=_expand(model.ssh.known_hosts),
         ssh_config=_expand(model.ssh.ssh_config),
+        ssh_client=model.ssh.client,
         network=_guard(lambda: _network(model.network), lines, source, ("network",)),
     )
 

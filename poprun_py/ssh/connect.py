@@ -3,7 +3,9 @@ a direct-tcpip channel of a ``ProxyJump`` host's connection, shared by every hos
 key exchange asking for the host key types known_hosts can check (certificates first when a CA
 is trusted), the host key check (:mod:`poprun_py.ssh.known_hosts`), then public-key
 authentication: identity files (with their ``-cert.pub`` and any ``CertificateFile``), then the
-agent (``IdentityAgent``), then, for the fallback resolver, the default keys.
+agent (``IdentityAgent``), then, for the fallback resolver, the default keys. A host whose
+transport is OpenSSH (``--ssh-client``, :func:`poprun_py.ssh.openssh.choose`) gets an
+:class:`~poprun_py.ssh.openssh.OpenSshConnection` instead: ``ssh`` itself does all of that.
 
 Example::
 
@@ -47,6 +49,7 @@ from poprun_py.ssh.known_hosts import (
     preferred_key_types,
     verify_host_key,
 )
+from poprun_py.ssh.openssh import OpenSshConnection, choose, needs_openssh, require_client
 from poprun_py.ssh.settings import Endpoint, Hop, SshSettings, user_home
 
 if TYPE_CHECKING:
@@ -61,9 +64,11 @@ class Context:
     jump hosts' connections (one per jump chain, shared by all hosts behind it)."""
 
     def __init__(self, settings: SshSettings):
+        require_client(settings.ssh_client)
         load_paramiko()
         self.settings = settings
         self.resolver = Resolver(settings)
+        self.clients: dict[str, tuple[str, str]] = {}  # host -> (transport, why OpenSSH)
         self.known = KnownHosts()
         self.jumps: dict[tuple[Hop, ...], Connection] = {}
         self._jump_errors: dict[tuple[Hop, ...], tuple[float, TransportError]] = {}
@@ -78,6 +83,20 @@ class Context:
             if (path, cert) not in self._keys:
                 self._keys[(path, cert)] = _load_key(path, cert)
             return self._keys[(path, cert)]
+
+    def client_for(self, host: HostSpec) -> tuple[str, str]:
+        """``host``'s transport, ``openssh`` or ``paramiko``, and why OpenSSH ('' if not)."""
+        with self._lock:
+            if host.name in self.clients:
+                return self.clients[host.name]
+        needs: tuple[str, ...] = ()
+        if self.settings.ssh_client == "auto":
+            user = host.user or self.settings.user
+            needs = needs_openssh(self.resolver.options(host.name, user, host.port))
+        chosen = choose(self.settings.ssh_client, needs)
+        with self._lock:
+            self.clients[host.name] = chosen
+        return chosen
 
     def jump(self, hops: tuple[Hop, ...], depth: int = 0) -> Connection:
         """The connection to the last of ``hops``, through the ones before it (opened once)."""
@@ -139,6 +158,9 @@ def connect(host: HostSpec, settings: SshSettings, context: Context | None = Non
     """Open, verify and authenticate one connection; raises a :class:`TransportError`."""
     ctx = context or Context(settings)
     ep = ctx.resolver.endpoint(host)
+    client, why = ctx.client_for(host)
+    if client == "openssh":
+        return OpenSshConnection(host, ep, ctx.settings, why)
     via = None
     if ep.jumps:
         try:

@@ -56,6 +56,8 @@ def tilde(path: str) -> str:
 
 
 STRICT_VALUES = ("yes", "accept-new", "no")
+CLIENTS = ("auto", "paramiko", "openssh")
+"""``--ssh-client``: ``auto`` takes OpenSSH for a host whose configuration needs it."""
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
@@ -69,6 +71,7 @@ class SshSettings:
     ssh_config: Path | None = None
     identity_file: str | None = None
     user: str | None = None
+    ssh_client: str = "auto"  # --ssh-client: auto | paramiko | openssh (CLIENTS)
 
     @staticmethod
     def of(
@@ -79,8 +82,10 @@ class SshSettings:
         connect_timeout: float = 10.0,
         identity_file: str | None = None,
         user: str | None = None,
+        ssh_client: str | None = None,
     ) -> SshSettings:
-        """Settings from the plain strings specs and flags carry (empty means not given)."""
+        """Settings from the plain strings specs and flags carry (empty means not given);
+        UsageError for an ``ssh_client`` not among :data:`CLIENTS`."""
         return SshSettings(
             known_hosts=Path(known_hosts) if known_hosts else None,
             accept_new_host_keys=accept_new_host_keys,
@@ -88,7 +93,18 @@ class SshSettings:
             ssh_config=Path(ssh_config) if ssh_config else None,
             identity_file=identity_file,
             user=user,
+            ssh_client=check_client(ssh_client),
         )
+
+
+def check_client(client: str | None) -> str:
+    """``--ssh-client`` (or the spec's ``ssh.client``) as given: ``auto`` when not given;
+    UsageError (exit 2, one line) for anything but :data:`CLIENTS`."""
+    if not client:
+        return "auto"
+    if client not in CLIENTS:
+        raise UsageError(f"--ssh-client must be auto, paramiko or openssh, not {client!r}")
+    return client
 
 
 def check_connect_timeout(seconds: float | None) -> float | None:
@@ -121,6 +137,7 @@ def settings_for(
         connect_timeout=float(fallback_timeout if seconds is None else seconds),
         identity_file=flags.identity,
         user=flags.user,
+        ssh_client=flags.ssh_client or spec.ssh_client,
     )
 
 

@@ -46,6 +46,8 @@ def given(flag: SshFlag) -> tuple[list[str], Any]:
         return [flag.decls[0]], True
     if float in typing.get_args(flag.type):
         return [flag.decls[0], "2.5"], 2.5
+    if flag.name == "ssh_client":  # one of auto | paramiko | openssh
+        return [flag.decls[0], "openssh"], "openssh"
     return [flag.decls[0], f"/given/{flag.name}"], f"/given/{flag.name}"
 
 
@@ -55,6 +57,7 @@ def test_the_group_is_the_fields_of_ssh_options() -> None:
         "accept_new_host_keys",
         "known_hosts",
         "ssh_config",
+        "ssh_client",
         "identity",
         "user",
     ]
@@ -176,6 +179,7 @@ KEYED = [f for f in SSH_FLAGS if f.spec_key]
 @pytest.mark.parametrize("flag", KEYED, ids=[f.name for f in KEYED])
 def test_a_flag_comes_before_its_spec_key(flag: SshFlag) -> None:
     spec_value = 4.0 if float in typing.get_args(flag.type) else f"/spec/{flag.name}"
+    spec_value = "paramiko" if flag.name == "ssh_client" else spec_value
     assert flag.spec_key is not None
     spec = parse_cluster(spec_setting(flag.spec_key, spec_value), "lab.yaml")
 

@@ -1,0 +1,165 @@
+"""OpenSSH as a transport on real sshd test hosts (issue 24, item 1): ``exec`` and ``launch
+--backend ssh`` over ``--ssh-client openssh`` beside Paramiko; a failing instance leaves nothing
+behind, on the hosts (process search in their namespaces) nor here (no ``ssh`` child left);
+``--ssh-client openssh`` without an ``ssh`` here is one line and exit 3, nothing started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from poprun_py.providers.netns import TestCluster
+from tests.integration.helpers import sessions_started, settled
+from tests.integration.test_launch_hosts_cli import spec_for
+
+pytestmark = pytest.mark.hosts
+
+
+def poprun(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "poprun_py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+
+
+def ssh_children_of(pid: int) -> list[int]:
+    """Live ``ssh`` processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if name == "ssh" and ppid == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def ssh_clients_for(cluster: TestCluster) -> list[str]:
+    """Command lines of live ``ssh`` processes here that use ``cluster``'s ssh_config."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if Path(words[0].decode()).name == "ssh" and str(cluster.ssh_config).encode() in words:
+            found.append(" ".join(w.decode() for w in words))
+    return found
+
+
+@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+def test_exec_runs_on_every_host(test_cluster_4: TestCluster, tmp_path: Path, client: str) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    done = poprun(
+        "exec", "-c", str(spec), "--ssh-client", client, "--", "sh", "-c",
+        'echo "$(hostname) $0"; exit 0', "a b",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for host in test_cluster_4.hosts:
+        assert f"{host.name} a b" in done.stdout
+
+
+def test_exec_keeps_each_hosts_exit_code_and_names_an_unreachable_one(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    text = spec.read_text().replace(
+        "hosts:\n", "hosts:\n  - {name: gone, address: 198.18.255.254}\n", 1
+    )
+    spec.write_text(text)
+    first = test_cluster_4.hosts[0].name
+    done = poprun(
+        "exec", "-c", str(spec), "--ssh-client", "openssh", "--connect-timeout", "2", "--",
+        "sh", "-c", f'[ "$(hostname)" = {first} ] && exit 7; exit 0',
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 255, done.stderr
+    assert f"{first}: exited with exit code 7" in done.stderr
+    assert "gone: ssh: " in done.stderr
+
+
+def test_launch_over_openssh_runs_every_instance_with_paramikos_sessions(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    sessions = {}
+    for client in ("openssh", "paramiko"):
+        before = sessions_started(test_cluster_4)
+        done = poprun(
+            "launch", "-c", str(spec), "-b", "ssh", "--ssh-client", client, "-n", "4", "--",
+            "sh", "-c", 'echo "rank $RANK on $(hostname)"',
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        for rank, host in enumerate(test_cluster_4.hosts):
+            assert f"rank {rank} on {host.name}" in done.stdout
+        after = sessions_started(test_cluster_4)
+        sessions[client] = {h: after[h] - before.get(h, 0) for h in after}
+        assert settled(test_cluster_4) == {}
+        assert ssh_clients_for(test_cluster_4) == []
+    # the agent's session (preflight, staging, the job) and the job directory's removal
+    assert sessions["openssh"] == sessions["paramiko"] == {h.name: 2 for h in test_cluster_4.hosts}
+
+
+def test_a_failing_instance_over_openssh_stops_everything_and_leaves_nothing(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "launch", "-c", str(spec), "-b", "ssh",
+         "--ssh-client", "openssh", "-n", "4", "--", "sh", "-c",
+         '[ "$RANK" = 2 ] && { sleep 1; exit 5; }; exec sleep 300'],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while len(ssh_children_of(child.pid)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ssh_children_of(child.pid)) == 4  # one ssh per host: each carries an agent
+    started = time.monotonic()
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 5, err
+    assert time.monotonic() - started < 2 + 3 + 5  # grace 2 s + 3 s, and the rank's second
+    assert "instance 2" in err
+    assert settled(test_cluster_4) == {}
+    assert ssh_clients_for(test_cluster_4) == []
+
+
+def test_openssh_without_an_ssh_client_is_one_line_and_exit_3(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "hostname"):
+        os.symlink(f"/bin/{tool}", bare / tool)
+    before = sessions_started(test_cluster_4)
+    for command in (["exec"], ["launch", "-b", "ssh"]):
+        done = poprun(
+            *command, "-c", str(spec), "--ssh-client", "openssh", "--", "hostname",
+            cwd=tmp_path, env={"PATH": str(bare)},
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert any("no ssh client on PATH" in line for line in lines), done.stderr
+    assert sessions_started(test_cluster_4) == before
