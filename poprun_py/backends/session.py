@@ -179,21 +179,25 @@ class RemoteSession:
     def preflight(self, prep: Prepared) -> Checked:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
         from poprun_py.preflight.probes import preflight
+        from poprun_py.process import phases
 
         check_tools(self.tools)  # the launcher runs here: before any host is contacted
         if self.direct_only:
             self.pool.require_direct(self.direct_only)  # PreflightError: nothing started
         self._warm_up_renderer()  # while preflight waits for the hosts
-        report = preflight(self.agents, prep.plan)
+        with phases.phase((phases.CONNECTING, "preflight"), self._names):
+            report = preflight(self.agents, prep.plan)
         self.report = report
         found = with_topologies(prep, report.topologies, report.interfaces(prep.plan.network))
         return Checked(found, report.topologies)
 
     def sync(self, paths: Sequence[str], timeout: float | None = None) -> None:
         """``--sync``: push ``paths`` over the same connections, within ``timeout``."""
+        from poprun_py.process import phases
         from poprun_py.ssh.sync import sync
 
-        sync(self.pool, list(paths), timeout=timeout)
+        with phases.phase("sync", self._names):
+            sync(self.pool, list(paths), timeout=timeout)
 
     def stage(self, job: RenderedJob) -> None:
         """Write the shard files and job files on every host, through the agents (once numactl
@@ -204,12 +208,21 @@ class RemoteSession:
             check_remote_numactl(job, self.report)
         if self.stages:
             from poprun_py.agent.client import stage_job
+            from poprun_py.process import phases
 
-            stage_job(self.agents, job)
+            with phases.phase("staging", self._names):
+                stage_job(self.agents, job)
 
     def start(self, job: RenderedJob, options: RunOptions, control: Control) -> Running:
         """Start the job through the agents."""
-        return self.runner_for(self.agents).start(job, options, control)
+        from poprun_py.process import phases
+
+        with phases.phase("starting", self._names):
+            return self.runner_for(self.agents).start(job, options, control)
+
+    @property
+    def _names(self) -> list[str]:
+        return [h.name for h in self.pool.hosts]
 
     def tidy(self, job_dir: str) -> None:
         """Remove ``job_dir`` on every host, over the connections still open (one ``rm`` each,

@@ -58,8 +58,10 @@ def _cause(result: LaunchResult) -> str:
 @contextlib.contextmanager
 def announcing(stream: TextIO) -> Iterator[None]:
     """Print each restart on ``stream`` as the launcher tells it (the
-    :data:`~poprun_py.launch.restarts.ANNOUNCE` logger's INFO records), one plain line each;
-    the logging set-up is undone afterwards."""
+    :data:`~poprun_py.launch.restarts.ANNOUNCE` logger's INFO records), one plain line each,
+    and the launch's phases as they go (:func:`poprun_py.cli.status.showing`); the logging
+    set-up is undone afterwards."""
+    from poprun_py.cli.status import showing
     from poprun_py.launch.restarts import ANNOUNCE
 
     handler = logging.StreamHandler(stream)
@@ -70,7 +72,8 @@ def announcing(stream: TextIO) -> Iterator[None]:
     ANNOUNCE.setLevel(logging.INFO)
     ANNOUNCE.addHandler(handler)
     try:
-        yield
+        with showing(stream):
+            yield
     finally:
         ANNOUNCE.removeHandler(handler)
         ANNOUNCE.setLevel(level)

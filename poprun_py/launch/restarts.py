@@ -114,7 +114,11 @@ class Attempts:
                 self.control.next_attempt()  # disarmed: a signal raises KeyboardInterrupt
                 _announce_restart(done[-1], k, limit, prep.long_run.restart_delay)
                 try:
-                    if not self._pause(prep.long_run.restart_delay):
+                    from poprun_py.process import phases
+
+                    with phases.countdown(f"restart {k} of {limit}", prep.long_run.restart_delay):
+                        paused = self._pause(prep.long_run.restart_delay)
+                    if not paused:
                         return _history(replace(done[-1], interrupted=True), done)
                     lost = done[-1].lost_hosts
                     if lost:

@@ -192,8 +192,19 @@ class ConnectionPool:
             for h in self.hosts
             if (connect or h.name in self.connections) and (wanted is None or h.name in wanted)
         ]
+        from poprun_py.process import phases  # here: not imported by --dry-run
+
         opener, gate = self._opener([h for h in todo if h.name not in self.connections])
-        outcomes = self._parallel(lambda host: fn(opener(host)), todo)
+
+        def run(host: HostSpec) -> T:
+            try:  # each host's steps, told to the launch's phase under way (if any)
+                conn = opener(host)
+                phases.done(host.name, phases.CONNECTING)
+                return fn(conn)
+            finally:
+                phases.done(host.name)
+
+        outcomes = self._parallel(run, todo)
         gate.check()
         return {h.name: out for h, out in zip(todo, outcomes, strict=True)}
 
