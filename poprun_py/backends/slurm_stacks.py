@@ -1,8 +1,10 @@
 """A hung srun step's stacks, for ``--hang-timeout``: srun's tasks run under slurmstepd on the
 nodes, out of this machine's process tree, so one more step of the same allocation goes to
 every node of the job (``srun --overlap --jobid=JOB``, one task a node) and runs
-:mod:`poprun_py.hostside.stackdump`'s source there with ``python3 -S`` (standard library only).
-On each node it ``py-spy dump``s, in parallel and bounded, every Python process whose
+:mod:`poprun_py.hostside.step_dump` there with ``python3 -S`` (standard library only), shipped
+as every host-side program is (:mod:`poprun_py.hostside.bundle`: in the variable
+:data:`PROGRAM_VAR`, which srun passes on, started by the one bootstrap). On each node it
+``py-spy dump``s, in parallel and bounded, every Python process whose
 environment has the job's ``SLURM_JOB_ID`` and the step's ``SLURM_STEP_ID`` (found with
 ``squeue --steps`` by the step's name), and writes ``s RANK LINE`` / ``w RANK py-spy|none``
 records, each under the task's rank (``SLURM_PROCID``). :class:`StepStacks` hands them to the
@@ -29,13 +31,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 
 from poprun_py.agent.relay import RankDumps, Relay
 from poprun_py.backends.slurm_alloc import CLIENT_TIMEOUT, client, named_ids
 from poprun_py.errors import BackendError
 from poprun_py.hostside import protocol as P
-from poprun_py.hostside import stackdump
+from poprun_py.hostside.bundle import from_env, payload
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,10 @@ PYSPY_BUDGET = 0.75
 """Seconds for each ``py-spy dump`` on the nodes (they run in parallel)."""
 PYTHON = "python3"
 """The interpreter the dump step runs on the nodes (on the PATH srun passes on)."""
-
-
-def script() -> str:
-    """The dump step's program: stackdump's source, then a call of its ``report_step``."""
-    source = Path(stackdump.__file__).read_text(encoding="utf-8")
-    return source + "\nimport sys\nreport_step(sys.argv[1:], sys.stdout.buffer)\n"
+PROGRAM = "step_dump"
+"""The dump step's program (:mod:`poprun_py.hostside.step_dump`)."""
+PROGRAM_VAR = "POPRUN_PY_STEP_DUMP"
+"""The variable the dump step's program ships in (never in an argv)."""
 
 
 def stacks_argv(
@@ -70,13 +69,7 @@ def stacks_argv(
         f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
         "--quiet",
-        PYTHON,
-        "-S",
-        "-c",
-        script(),
-        job_id,
-        step_id,
-        f"{timeout:g}",
+        *from_env(PYTHON, PROGRAM_VAR, job_id, step_id, f"{timeout:g}", flags=("-S",)),
     ]
 
 
@@ -159,7 +152,8 @@ class StepStacks(Relay):
             return {}
         name = next(iter(self.names), "poprun")
         argv = stacks_argv(self.job_id, step, self.nodes, name, PYSPY_BUDGET)
-        return found(run_step(argv, self.step_environ, deadline - time.monotonic()))
+        environ = {**self.step_environ, PROGRAM_VAR: payload(PROGRAM).text}
+        return found(run_step(argv, environ, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Wait for a dump under way (bounded by :data:`STEP_BUDGET` and srun's end)."""

@@ -3,7 +3,8 @@
 each module once, dependencies first), :func:`payload` compiles that once per process, and one
 bootstrap starts it, ``python -c BOOTSTRAP WHERE ARGS``. It reads the payload from stdin when
 WHERE is ``-`` (:func:`over_stdin`: over an SSH channel, with the host's python3), else from the
-variable WHERE (:func:`from_env`: an instance's program; by name, never in an argv), refuses a
+variable WHERE (:func:`from_env`: an instance's program, a Slurm step's; by name, never in an
+argv), refuses a
 Python older than 3.7 (exit 3), and runs the code compiled here where the bytecode magic is this
 one's, else compiles the source::
 
@@ -71,9 +72,10 @@ def over_stdin(*args: str) -> list[str]:
     return ["sh", "-c", PYTHON3, BOOTSTRAP, "-", *args]
 
 
-def from_env(python: str, var: str, *args: str) -> tuple[str, ...]:
-    """``python`` running a program whose :attr:`Payload.text` is in the variable ``var``."""
-    return (python, "-c", BOOTSTRAP, var, *args)
+def from_env(python: str, var: str, *args: str, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``python`` (with ``flags``) running a program whose :attr:`Payload.text` is in the
+    variable ``var``."""
+    return (python, *flags, "-c", BOOTSTRAP, var, *args)
 
 
 _LOCK, _BUILT = threading.Lock(), dict[str, Payload]()

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from poprun_py.hostside.identity import read_stat  # inlined (hostops ships alone): bundle
 from poprun_py.hostside.private import (  # inlined (hostops ships alone): bundle
     UnsafePath,
     job_root,
@@ -75,17 +76,12 @@ def checked_root(root: str) -> str:
 
 
 def pid_start(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (its start time, in clock ticks since boot); None when the
-    process is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except (OSError, ValueError, TypeError):
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) <= 19 or fields[0] in (b"Z", b"X"):
+    """Process ``pid``'s start time (:func:`~poprun_py.hostside.identity.read_stat`), as text;
+    None when the process is gone or a zombie."""
+    stat = read_stat(pid)
+    if stat is None or stat[4] in ("Z", "X"):
         return None  # a zombie has ended: it only waits to be reaped
-    return fields[19].decode()
+    return str(stat[3])
 
 
 def alive(record: Record) -> bool:

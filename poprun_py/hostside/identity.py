@@ -40,7 +40,7 @@ def read_stat(pid: int) -> Stat | None:
     field 22: clock ticks since boot), or None once it is gone."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a pid (from a record) with a NUL in it
         return None
     try:
         text = os.read(fd, 4096)
@@ -149,18 +149,57 @@ def owned(
     return groups, sessions
 
 
-def belonging(live: Iterable[int], reaped: Mapping[int, int], token: bytes) -> list[Identity]:
-    """Every live process (no zombie; not this one) in a process group or session of ours
-    (:func:`owned`), or with ``token`` in its environment; by identity."""
-    table, me = proc_table(), os.getpid()
+def belonging(
+    live: Iterable[int],
+    reaped: Mapping[int, int],
+    token: bytes,
+    *,
+    table: Mapping[int, Stat] | None = None,
+    since: int = 0,
+    adopted: bool = False,
+) -> dict[int, Stat]:
+    """The one rule for what a run's children left: every process started at tick ``since`` or
+    later (not this one, nor its ancestors) in a process group or session of ours
+    (:func:`owned`), or with ``token`` in its environment, or (``adopted``: a subreaper's
+    orphans) a child of this process; and every descendant of those. Zombies are included
+    (they may need reaping). ``table`` is the process table to look in (default: now)."""
+    table = proc_table() if table is None else table
     groups, sessions = owned(live, reaped, table)
-    return [
-        (pid, s[3])
-        for pid, s in table.items()
-        if pid != me
-        and s[4] not in ("Z", "X")
-        and (s[1] in groups or s[2] in sessions or has_token(pid, token))
+    me = os.getpid()
+    marked = [
+        pid
+        for pid, (ppid, pgid, sid, start, _) in table.items()
+        if start >= since
+        and pid != me
+        and (pgid in groups or sid in sessions or (adopted and ppid == me) or has_token(pid, token))
     ]
+    found = set(subtree(marked, table)) - ancestors(me, table)
+    return {pid: table[pid] for pid in found}
+
+
+def subtree(roots: Iterable[int], table: Mapping[int, Stat]) -> list[int]:
+    """``roots`` and their descendants in ``table``, each once: roots first, then breadth
+    first, each process's children in pid order."""
+    children: dict[int, list[int]] = {}
+    for pid, stat in sorted(table.items()):
+        children.setdefault(stat[0], []).append(pid)
+    order = list(dict.fromkeys(roots))
+    seen = set(order)
+    for pid in order:  # grows as it goes
+        for kid in children.get(pid, ()):
+            if kid not in seen:
+                seen.add(kid)
+                order.append(kid)
+    return order
+
+
+def ancestors(pid: int, table: Mapping[int, Stat]) -> set[int]:
+    """``pid`` and its ancestors in ``table``."""
+    found = {pid}
+    while pid in table and table[pid][0] not in found and table[pid][0] > 0:
+        pid = table[pid][0]
+        found.add(pid)
+    return found
 
 
 def signal_left(leader: int, reaped_at: int, sig: int) -> None:

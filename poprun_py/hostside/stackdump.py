@@ -12,10 +12,8 @@ Under an MPI launcher the ranks are processes of a daemon's tree (orted, hydra_p
 mpirun itself here): :func:`dump_ranks` dumps every Python process of the trees given and files
 each dump under its rank, read from the process's environment (:data:`RANK_VARS`).
 
-Under srun the tasks run under slurmstepd on the nodes: a step of the same allocation runs this
-module's source on every node (:mod:`poprun_py.backends.slurm_stacks`), where
-:func:`report_step` dumps the Python processes of the job's step (:func:`dump_step`, by their
-``SLURM_JOB_ID``/``SLURM_STEP_ID``) and writes what it found on stdout.
+Under srun the tasks run under slurmstepd on the nodes: a step of the same allocation runs
+:mod:`poprun_py.hostside.step_dump` on every node, with this module bundled.
 
 MPICH's hydra dies of SIGUSR2, so poprun-py passes it (and SIGUSR1) to hydra's ranks itself:
 :func:`signal_ranks` finds the ranks' wrappers (``/bin/sh -c REPORT poprun-rank ...``, see
@@ -33,8 +31,6 @@ Example:
     True
     >>> dump_ranks({0: os.getpid()}, None), rank_of(os.getpid(), {"RANK": "3"})
     ({}, 3)
-    >>> dump_step("no-such-job", "0", None)
-    {}
     >>> signal_ranks([os.getpid()], 0)  # no rank wrapper in this tree: nobody signalled
     0
 """
@@ -46,17 +42,18 @@ import subprocess
 import threading
 import time
 
+from poprun_py.hostside.identity import identify, proc_table, same, subtree  # bundled with it
+
 TYPE_CHECKING = False  # not typing's: the agent's start does not pay for importing it
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import BinaryIO
+
+    from poprun_py.hostside.identity import Identity
 
 PYSPY = "py-spy"
 PYSPY_TIMEOUT = 1.25  # seconds for one py-spy dump; the dumps of a job run in parallel
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
 """Where a rank's index is: Open MPI's, MPICH hydra's, then the one poprun-py's env sets."""
-SLURM_RANK_VARS = ("SLURM_PROCID", "RANK")
-"""Where a Slurm task's rank is: Slurm's, then poprun-py's."""
 RANK_WRAPPER = b"poprun-rank"
 """The ``$0`` of the shell each rank of an mpiexec job runs under (``mpiexec.j2``)."""
 TRAP_WAIT = 10.0
@@ -73,23 +70,7 @@ def find_pyspy(path: str | None = None) -> str | None:
     return shutil.which(PYSPY, path=path)
 
 
-def _proc_children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
-            children.setdefault(int(fields[1]), []).append(int(name))
-    return children
-
-
-def _is_python(pid: int) -> bool:
+def is_python(pid: int) -> bool:
     try:
         name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
     except OSError:
@@ -103,18 +84,13 @@ def _is_python(pid: int) -> bool:
 
 def python_processes(root: int) -> list[int]:
     """``root`` and its live descendants that run a Python interpreter, root first."""
-    return [pid for pid in tree(root) if _is_python(pid)]
+    return [pid for pid in tree(root) if is_python(pid)]
 
 
 def tree(root: int) -> list[int]:
     """``root`` and its live descendants, root first (breadth first)."""
-    children = _proc_children()
-    order, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        order.append(pid)
-        todo.extend(sorted(children.get(pid, ())))
-    return order
+    live = {pid: s for pid, s in proc_table().items() if s[4] not in ("Z", "X")}
+    return subtree([root], live)
 
 
 def _is_rank_wrapper(pid: int) -> bool:
@@ -147,18 +123,6 @@ def _signal_tree(pid: int, sig: int) -> None:
             continue  # it ended meanwhile
 
 
-def start_time(pid: int) -> bytes | None:
-    """Process ``pid``'s start time (``/proc/PID/stat`` field 22), None when it is gone: with
-    the pid, it names one process (a pid may be reused once its process ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
-
-
 def _signal_wrapper(pid: int, sig: int) -> bool:
     """``sig`` to rank wrapper ``pid``'s process group when it leads one, else to it and its
     descendants; False when it ended meanwhile."""
@@ -184,31 +148,30 @@ def signal_ranks(roots: list[int], sig: int, wait: float = TRAP_WAIT) -> int:
         for pid in tree(root):
             if pid == root or not _is_rank_wrapper(pid):
                 continue
-            if not catches(pid, sig):
-                pending.append((pid, start_time(pid)))
-            elif _signal_wrapper(pid, sig):
-                count += 1
+            ident = identify(pid)
+            if catches(pid, sig):
+                count += _signal_wrapper(pid, sig)
+            elif ident is not None:  # one gone meanwhile is dropped
+                pending.append(ident)
     if pending:
         args = (pending, sig, wait)
         threading.Thread(target=signal_when_trapped, args=args, daemon=True).start()
     return count
 
 
-def signal_when_trapped(
-    wrappers: list[tuple[int, bytes | None]], sig: int, wait: float = TRAP_WAIT
-) -> int:
-    """Signal each rank wrapper ``(pid, start time)`` once it catches ``sig``, polling for
-    ``wait`` seconds at most; one that ended (or whose pid now names another process) is
-    dropped, one still not catching ``sig`` then is left alone. Return how many were
-    signalled."""
+def signal_when_trapped(wrappers: list[Identity], sig: int, wait: float = TRAP_WAIT) -> int:
+    """Signal each rank wrapper (an :mod:`~poprun_py.hostside.identity` identity) once it
+    catches ``sig``, polling for ``wait`` seconds at most; one that ended (or whose pid now
+    names another process) is dropped, one still not catching ``sig`` then is left alone.
+    Return how many were signalled."""
     deadline, count, todo = time.monotonic() + wait, 0, list(wrappers)
     while todo:
-        for pid, started in list(todo):
-            if start_time(pid) != started or not _is_rank_wrapper(pid):
-                todo.remove((pid, started))
-            elif catches(pid, sig):
-                todo.remove((pid, started))
-                count += _signal_wrapper(pid, sig)
+        for ident in list(todo):
+            if not same(ident) or not _is_rank_wrapper(ident[0]):
+                todo.remove(ident)
+            elif catches(ident[0], sig):
+                todo.remove(ident)
+                count += _signal_wrapper(ident[0], sig)
         if not todo or time.monotonic() >= deadline:
             break
         time.sleep(TRAP_POLL)
@@ -281,48 +244,15 @@ def dump_ranks(
             rank = rank_of(pid)
             if rank is not None:
                 jobs.append((rank, pid))
-    return _by_rank(jobs, pyspy, timeout)
+    return by_rank(jobs, pyspy, timeout)
 
 
-def dump_step(
-    job_id: str, step_id: str, pyspy: str | None, timeout: float = PYSPY_TIMEOUT
-) -> dict[int, list[bytes] | None]:
-    """The Python stacks of a Slurm step's tasks on this node: every Python process whose
-    environment has ``SLURM_JOB_ID`` ``job_id`` and ``SLURM_STEP_ID`` ``step_id``, filed under
-    its rank (:data:`SLURM_RANK_VARS`): ``rank -> lines`` (None: found, not dumped)."""
-    jobs = []
-    for pid in _all_pids():
-        env = environ_of(pid) if _is_python(pid) else {}
-        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_STEP_ID") == step_id:
-            rank = rank_of(pid, env, SLURM_RANK_VARS)
-            if rank is not None:
-                jobs.append((rank, pid))
-    return _by_rank(jobs, pyspy, timeout)
-
-
-def _by_rank(
+def by_rank(
     jobs: list[tuple[int, int]], pyspy: str | None, timeout: float
 ) -> dict[int, list[bytes] | None]:
     """Every rank of ``jobs`` (``(rank, pid)``): its dumped lines, or None (not dumped)."""
     found = _dump_pids(jobs, pyspy, timeout) if pyspy is not None else {}
     return {**{rank: None for rank, _ in jobs}, **found}
-
-
-def report_step(argv: list[str], out: BinaryIO) -> None:
-    """What a Slurm step's stack dump (``python3 -c SOURCE JOB STEP TIMEOUT``, this module's
-    source ahead) writes: for each rank of step JOB.STEP on this node, ``s RANK LINE`` for every
-    line of its stacks and ``w RANK py-spy`` (dumped) or ``w RANK none`` -- the agent's
-    ``dump-ranks`` records (:mod:`poprun_py.hostside.protocol`)."""
-    found = dump_step(argv[0], argv[1], find_pyspy(), float(argv[2]))
-    for rank, lines in sorted(found.items()):
-        for line in lines or ():
-            out.write(b"s %d %s\n" % (rank, line))
-        out.write(b"w %d %s\n" % (rank, b"none" if lines is None else b"py-spy"))
-    out.flush()
-
-
-def _all_pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
 def _dump_pids(

@@ -411,14 +411,16 @@ class Grace:
 def left_behind(children: Iterable[Launched], token: str) -> list[tuple[int, int]]:
     """``(pid, start time)`` of every live process in a child's process group or session -- a
     reaped child's only while it still leads it -- or carrying ``token`` (``NAME=value``) in
-    its environment (:func:`~poprun_py.hostside.identity.belonging`)."""
+    its environment, and of their descendants (:func:`~poprun_py.hostside.identity.belonging`,
+    the local backend's rule too)."""
     live, reaped = [], {}
     for child in children:
         if child.reaped_at is None:
             live.append(child.pid)
         else:
             reaped[child.pid] = child.reaped_at
-    return belonging(live, reaped, token.encode())
+    found = belonging(live, reaped, token.encode())
+    return [(pid, stat[3]) for pid, stat in found.items() if stat[4] not in ("Z", "X")]
 
 
 def signal_left_behind(found: Iterable[tuple[int, int]], sig: int) -> None:

@@ -7,10 +7,9 @@
 - :func:`subreaper` makes this process a child subreaper, so orphans of its descendants are
   re-parented to it rather than to init; :func:`no_children` then proves, with one syscall,
   that nothing is left.
-- :func:`descendants` walks ``/proc`` for everything that belongs to a set of started processes
-  -- those still running, and those reaped, whose process groups and sessions count only while
-  they are still the ones they led (:func:`~poprun_py.hostside.identity.ours`: a pid, once
-  reaped, may be anyone's); :func:`alive`, :func:`reap_adopted` finish the job.
+- What belongs to a set of started processes is found by the rule the agent uses too
+  (:func:`~poprun_py.hostside.identity.belonging`); :func:`alive`, :func:`reap_adopted` finish
+  the job.
 
 Example:
 
@@ -31,14 +30,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 
-from poprun_py.hostside.identity import (
-    boot_ticks,
-    has_token,
-    owned,
-    proc_table,
-    read_stat,
-    signal_same,
-)
+from poprun_py.hostside.identity import boot_ticks, proc_table, read_stat, signal_same, subtree
 from poprun_py.hostside.supervision import Launched, Spawner, has_controlling_tty, send_signal
 
 __all__ = [
@@ -48,7 +40,6 @@ __all__ = [
     "adopted_zombies",
     "alive",
     "boot_ticks",
-    "descendants",
     "has_controlling_tty",
     "no_children",
     "open_pidfd",
@@ -94,64 +85,9 @@ def starttime(pid: int) -> int:
     return stat[3] if stat else 0
 
 
-def descendants(
-    roots: set[int],
-    token: str,
-    since: int,
-    reaped: Mapping[int, int] | None = None,
-    table: Mapping[int, ProcStat] | None = None,
-) -> dict[int, ProcStat]:
-    """Processes started by ``roots`` (or since ``since``, in clock ticks) that belong to them.
-
-    ``roots`` are running (not yet reaped) children; ``reaped`` maps the pid of each root
-    already reaped to the clock tick of its reaping. A process belongs when it is in a root's
-    session or process group -- a reaped root's only while that group is still the one it led
-    (:func:`~poprun_py.hostside.identity.ours`); a reaped pid itself is never a root again --,
-    descends from a root, was adopted by this process (subreaper) or has ``token``
-    (``NAME=value``) in its environment; and then every descendant of those. Zombies are
-    included (they may need reaping). ``table`` is the process table to look in (default: now).
-    """
-    table = proc_table() if table is None else table
-    groups, sessions = owned(roots, reaped or {}, table)
-    me = os.getpid()
-    mark = token.encode()
-    marked = {
-        pid
-        for pid, (ppid, pgid, sid, start, _) in table.items()
-        if start >= since
-        and pid != me
-        and (
-            pid in roots or pgid in groups or sid in sessions or ppid == me or has_token(pid, mark)
-        )
-    }
-    found = _close_under_children(marked, table) - roots - _ancestors(me, table)
-    return {pid: table[pid] for pid in found}
-
-
 def with_descendants(roots: set[int]) -> set[int]:
     """``roots`` and every process descending from one of them, zombies included."""
-    return _close_under_children(roots, proc_table())
-
-
-def _close_under_children(marked: set[int], table: Mapping[int, ProcStat]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, stat in table.items():
-        children.setdefault(stat[0], []).append(pid)
-    todo, seen = list(marked), set(marked)
-    while todo:
-        for kid in children.get(todo.pop(), ()):
-            if kid not in seen:
-                seen.add(kid)
-                todo.append(kid)
-    return seen
-
-
-def _ancestors(pid: int, table: Mapping[int, ProcStat]) -> set[int]:
-    found = {pid}
-    while pid in table and table[pid][0] not in found and table[pid][0] > 0:
-        pid = table[pid][0]
-        found.add(pid)
-    return found
+    return set(subtree(roots, proc_table()))
 
 
 def alive(pids: set[int]) -> set[int]:

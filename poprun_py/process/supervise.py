@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from poprun_py.hostside.identity import leads
+from poprun_py.hostside.identity import belonging, leads
 from poprun_py.hostside.stackdump import dump_in_background, find_pyspy
 from poprun_py.hostside.supervision import RUN_ID_VAR, Grace, Launched, Pipe, Poller, Spawner
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
@@ -68,7 +68,6 @@ from poprun_py.process.proctree import (
     adopted_zombies,
     alive,
     boot_ticks,
-    descendants,
     no_children,
     open_pidfd,
     proc_table,
@@ -431,12 +430,15 @@ class Supervision:
         signal_found(self._leftovers(), signal.SIGKILL)
 
     def _leftovers(self) -> dict[int, ProcStat]:
-        """What the children left (see :func:`descendants`); a reaped child whose process
-        group and session it no longer leads is forgotten: they are over for good."""
+        """What the children left (:func:`~poprun_py.hostside.identity.belonging`, with the
+        orphans this subreaper adopted); a reaped child whose process group and session it no
+        longer leads is forgotten: they are over for good."""
         table = proc_table()
         self.reaped = {p: at for p, at in self.reaped.items() if leads(p, at, table)}
-        token = f"{RUN_ID_VAR}={self.run_id}"
-        found = descendants(self.roots, token, self.since, self.reaped, table)
+        token = f"{RUN_ID_VAR}={self.run_id}".encode()
+        found = belonging(
+            self.roots, self.reaped, token, table=table, since=self.since, adopted=True
+        )
         return {pid: stat for pid, stat in found.items() if pid not in self.live}
 
     def _sweep_leftovers(self) -> None:

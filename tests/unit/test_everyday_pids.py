@@ -211,7 +211,7 @@ def test_the_sweep_never_signals_a_reaped_root_nor_a_group_that_took_its_number(
             proc.wait()
 
 
-def test_descendants_skip_a_reaped_pid_and_a_group_that_took_its_number() -> None:
+def test_leftovers_skip_a_reaped_pid_and_a_group_that_took_its_number() -> None:
     me = os.getpid()
     table = {
         4242: (1, 4242, 4242, 900, "S"),  # the reaped root's pid, now another process's
@@ -219,10 +219,10 @@ def test_descendants_skip_a_reaped_pid_and_a_group_that_took_its_number() -> Non
         5000: (me, 5000, 5000, 100, "S"),  # a child of ours (adopted): ours
         6000: (1, 6001, 4243, 400, "S"),  # in the session of pid 4243: not a root
     }
-    found = proctree.descendants(set(), "POPRUN_RUN_ID=x", 0, {4242: 800}, table)
+    found = identity.belonging(set(), {4242: 800}, b"POPRUN_RUN_ID=x", table=table, adopted=True)
     assert set(found) == {5000}
     table[4244] = (1, 4242, 4242, 700, "S")  # a member from before the reap: still ours
-    found = proctree.descendants(set(), "POPRUN_RUN_ID=x", 0, {4242: 800}, table)
+    found = identity.belonging(set(), {4242: 800}, b"POPRUN_RUN_ID=x", table=table, adopted=True)
     assert set(found) == {4242, 4243, 4244, 5000}
 
 

@@ -21,7 +21,7 @@ from poprun_py.hostside.bundle import Payload, bundle, from_env, over_stdin, pay
 
 HOSTSIDE = Path(B.__file__).parent
 MODULES = sorted(p.stem for p in HOSTSIDE.glob("*.py"))
-ENTRIES = ("agent", "hostops", "check_instance")
+ENTRIES = ("agent", "hostops", "check_instance", "step_dump")
 OPTIONAL = {"torch"}  # check_instance's Gloo all-reduce, only with --torch 1 where torch is
 
 

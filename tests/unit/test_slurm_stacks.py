@@ -13,8 +13,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import pytest
 
 from poprun_py.backends import slurm_stacks
-from poprun_py.backends.slurm_stacks import found, script, stacks_argv, step_id
-from poprun_py.hostside.stackdump import dump_step, find_pyspy, report_step
+from poprun_py.backends.slurm_stacks import PROGRAM, PROGRAM_VAR, found, stacks_argv, step_id
+from poprun_py.hostside.bundle import BOOTSTRAP, payload
+from poprun_py.hostside.stackdump import find_pyspy
+from poprun_py.hostside.step_dump import dump_step, report_step
 from tests import requirements
 
 TASK = """
@@ -57,13 +59,19 @@ def test_the_dump_step_reports_each_ranks_stacks_as_records(task: subprocess.Pop
     assert out.getvalue().endswith(b"w 3 py-spy\n")
 
 
-def test_the_dump_steps_program_is_stackdumps_source_and_runs_alone() -> None:
+def test_the_dump_steps_program_ships_as_every_hostside_program_and_runs_alone() -> None:
+    """One mechanism (the issue's): the bundle in a named variable, started by the bootstrap
+    under ``python3 -S``; no source in srun's argv."""
     argv = stacks_argv("42", "7", ["n1"], "poprun-j", 0.5)
-    assert argv[argv.index("-c") - 1 : argv.index("-c")] == ["-S"]
+    start = argv.index("-c") - 2
+    assert argv[start:] == ["python3", "-S", "-c", BOOTSTRAP, PROGRAM_VAR, "42", "7", "0.5"]
+    text = payload(PROGRAM).text
+    assert all(text not in a and "def report_step" not in a for a in argv)
     done = subprocess.run(
-        [sys.executable, "-S", "-I", "-c", script(), "no-such-job", "0", "0.5"],
+        [sys.executable, "-S", "-I", *argv[start + 2 : -3], "no-such-job", "0", "0.5"],
         capture_output=True,
         check=True,
+        env={"PATH": os.environ["PATH"], PROGRAM_VAR: text},
     )
     assert done.stdout == b""  # no task of that step here
 

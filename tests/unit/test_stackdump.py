@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.hostside import stackdump
+from poprun_py.hostside.identity import identify
 from poprun_py.process.proctree import alive
 
 PY = sys.executable
@@ -229,13 +230,13 @@ def test_a_wrapper_that_never_traps_or_ends_is_given_up() -> None:
         deadline = time.monotonic() + 10
         while not stackdump._is_rank_wrapper(wrapper.pid):
             assert time.monotonic() < deadline
-        started = stackdump.start_time(wrapper.pid)
+        started = identify(wrapper.pid)
         assert started is not None
         t0 = time.monotonic()
-        assert stackdump.signal_when_trapped([(wrapper.pid, started)], signal.SIGUSR2, 0.2) == 0
+        assert stackdump.signal_when_trapped([started], signal.SIGUSR2, 0.2) == 0
         assert 0.2 <= time.monotonic() - t0 < 5 and wrapper.poll() is None
-        assert stackdump.signal_when_trapped([(wrapper.pid, b"0")], signal.SIGUSR2, 30) == 0
+        assert stackdump.signal_when_trapped([(wrapper.pid, 0)], signal.SIGUSR2, 30) == 0
     finally:
         os.killpg(wrapper.pid, signal.SIGKILL)
         wrapper.wait(timeout=10)
-    assert stackdump.start_time(wrapper.pid) is None
+    assert identify(wrapper.pid) is None
