@@ -152,6 +152,7 @@ NEEDS = {
         *_programs("rsync", "rsync"),
         *_programs("pdsh", "pdsh"),
         *_programs("clustershell", "clush"),
+        *_programs("tmux", "tmux"),
         *_programs("iputils-ping", "ping"),
         *_programs("netcat-openbsd", "nc"),
         *_programs("util-linux", "setsid", "unshare", "nsenter", "taskset"),

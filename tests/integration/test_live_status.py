@@ -1,0 +1,147 @@
+"""The launch's live status as a person sees it (issue 22, items 1 and 6), through the real CLI
+on the ssh test hosts, one of them slow (its sshd stopped for a few seconds, so that connecting
+to it waits): under tmux at 80 columns the status line appears, names the slow host, and is
+gone when the launch ends; with stderr piped, the same wait is told in plain lines without a
+single control character."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from poprun_py.providers.netns import TestCluster, TestHost
+from tests.hostfixtures import MakeCluster
+from tests.integration.test_launch_hosts_cli import only_sshd, spec_for
+
+pytestmark = pytest.mark.hosts
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
+
+
+def launch_argv(cluster: TestCluster, tmp_path: Path) -> list[str]:
+    spec = spec_for(cluster, tmp_path)
+    return [sys.executable, "-m", "poprun_py", "launch", "-c", str(spec), "-b", "ssh",
+            "--connect-timeout", "60", "--", "true"]  # fmt: skip
+
+
+class Stopped:
+    """A host's sshd stopped (SIGSTOP) until :meth:`resume`: connecting to it waits."""
+
+    def __init__(self, host: TestHost):
+        self.pid = host.sshd_pid
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def slow_cluster(make_test_cluster: MakeCluster) -> Iterator[tuple[TestCluster, Stopped]]:
+    cluster = make_test_cluster(3, "v")
+    stopped = Stopped(cluster.hosts[2])
+    try:
+        yield cluster, stopped
+    finally:
+        stopped.resume()
+    only_sshd(cluster)
+
+
+class Tmux:
+    """A tmux server of this test's own (its own socket) with one 80x24 window."""
+
+    def __init__(self, cwd: Path):
+        self.socket = f"poprun-test-{uuid.uuid4().hex[:8]}"
+        outside = ("TMUX", "COLUMNS", "LINES")  # the window's own size, whatever CI sets
+        env = {k: v for k, v in os.environ.items() if not k.startswith(outside)}
+        self.env = {**env, "TERM": "xterm"}
+        self.run("new-session", "-d", "-x", "80", "-y", "24", "-s", "t", "-c", str(cwd),
+                 "sh")  # fmt: skip
+
+    def run(self, *args: str) -> str:
+        argv = ["tmux", "-L", self.socket, *args]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=self.env, timeout=30, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def type(self, line: str) -> None:
+        self.run("send-keys", "-t", "t", line, "Enter")
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "t")
+
+    def wait_for(self, pattern: str, within: float = 60.0) -> str:
+        deadline = time.monotonic() + within
+        while not re.search(pattern, screen := self.screen()):
+            assert time.monotonic() < deadline, f"no {pattern!r} on the screen:\n{screen}"
+            time.sleep(0.05)
+        return screen
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
+                       env=self.env, timeout=30, check=False)  # fmt: skip
+
+
+@pytest.mark.requires("tmux")
+def test_under_tmux_the_live_status_names_the_slow_host_and_is_gone_at_the_end(
+    slow_cluster: tuple[TestCluster, Stopped], tmp_path: Path
+) -> None:
+    cluster, stopped = slow_cluster
+    slow = cluster.hosts[2].name
+    tmux = Tmux(tmp_path)
+    try:
+        command = shlex.join(launch_argv(cluster, tmp_path))
+        tmux.type(f"clear; {command}; echo launch-ended-$?")
+        screen = tmux.wait_for(rf"connecting 2/3 hosts \S+ waiting for {slow} \(\d+ s\)")
+        status = next(x for x in screen.splitlines() if "waiting for" in x)
+        assert len(status) <= 80, status
+        stopped.resume()
+        screen = tmux.wait_for(r"launch-ended-\d+")
+    finally:
+        tmux.close()
+    assert "launch-ended-0" in screen, screen
+    assert not re.search(r"hosts|waiting for|restart", screen), screen  # the status is gone
+
+
+def test_piped_the_wait_is_told_in_plain_lines_without_control_characters(
+    slow_cluster: tuple[TestCluster, Stopped], tmp_path: Path
+) -> None:
+    cluster, stopped = slow_cluster
+    slow = cluster.hosts[2].name
+    proc = subprocess.Popen(
+        launch_argv(cluster, tmp_path),
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the plain line once preflight has waited 5 s
+        stopped.resume()
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = first + rest
+    assert proc.returncode == 0, err
+    assert re.fullmatch(
+        rf"poprun-py: connecting, preflight: 2/3 hosts done after \d+\.\d s; waiting for {slow}\n",
+        first,
+    ), err
+    assert re.search(r"poprun-py: connecting, preflight: 3/3 hosts done in \d+\.\d s\n", rest), err
+    assert not CONTROL.search(err + out), repr(err)
