@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("provision_cmd", "Remove everything poprun-py created for the cluster."),
     "status": ("provision_cmd", "List provisioned clusters and their nodes."),
     "jobs": ("jobs_cmd", "List detached jobs (launch --detach) and their states."),
-    "logs": ("jobs_cmd", "Print (or follow, -f) a detached job's output."),
+    "logs": ("jobs_cmd", "Print (or --follow) a detached job's output."),
     "stop": ("jobs_cmd", "Stop a detached job on every host."),
     "wait": ("jobs_cmd", "Wait for a detached job to end; exit with its code."),
 }
@@ -56,6 +56,7 @@ def _index_app() -> Any:
     index = typer.Typer(
         name=PROG,
         help=app.info.help,
+        epilog=app.info.epilog,
         no_args_is_help=True,
         add_completion=False,
         rich_markup_mode=None,

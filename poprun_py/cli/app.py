@@ -21,12 +21,31 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
+
+TOP_EXAMPLES = (
+    "poprun-py plan --hosts node[01-04] --replicas 8 train.py",
+    "poprun-py launch -c clusters/local-2.yaml python examples/train.py",
+    "poprun-py exec --hosts node[01-04] --gather -- nvidia-smi -L",
+    "poprun-py COMMAND --help",
+)
+"""The top-level help's examples (each command's are in :mod:`poprun_py.cli.examples`)."""
+
+
+def examples_section(lines: Sequence[str]) -> str:
+    """An ``Examples:`` section for a help's epilog, the lines kept as written (click's ``\\b``:
+    no rewrapping)."""
+    body = "\n".join(f"  {line}" for line in lines)
+    return f"Examples:\n\n\b\n{body}"
+
 
 app = typer.Typer(
     name="poprun-py",
     help="One-key multi-host launches of distributed training (PopRun-style plans, "
     "FastGPU-style provisioning).",
+    epilog=examples_section(TOP_EXAMPLES),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -26,7 +26,7 @@ from poprun_py.core.duration import duration_seconds
 
 
 class Duration(ParamType):
-    """A click parameter type for durations (metavar ``DURATION``); ``text``: keep the text."""
+    """A click parameter type for durations (``<duration>`` in the help); ``text``: keep it."""
 
     name = "duration"
 
@@ -39,10 +39,6 @@ class Duration(ParamType):
             return str(value) if self.text else float(value)
         seconds = duration_seconds(str(value), _flag(param))
         return str(value) if self.text else seconds
-
-    def get_metavar(self, param: Any, ctx: Any = None) -> str:
-        """``DURATION`` in the usage and help."""
-        return "DURATION"
 
 
 def _flag(param: Any) -> str:

@@ -10,7 +10,7 @@ Example:
     $ poprun-py jobs
     $ poprun-py jobs -c clusters/testhosts-4.yaml --format json
     $ poprun-py jobs --prune --older-than 7d
-    $ poprun-py logs -f testhosts-4-20261201-120501-3f2a --instance 3
+    $ poprun-py logs --follow testhosts-4-20261201-120501-3f2a --instance 3
     $ poprun-py stop testhosts-4-20261201-120501-3f2a
     $ poprun-py wait testhosts-4-20261201-120501-3f2a; echo $?
 """
@@ -27,6 +27,8 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
+from poprun_py.cli.durations import DURATION_TEXT
+from poprun_py.cli.examples import epilog
 from poprun_py.core.spec import SshOptions
 from poprun_py.errors import EXIT_LOST, UsageError
 
@@ -36,9 +38,7 @@ if TYPE_CHECKING:
     from poprun_py.jobs.supervisor import Recorder
 
 JobId = Annotated[str, typer.Argument(help="The job id `launch --detach` printed.")]
-Follow = Annotated[
-    bool, typer.Option("--follow", "-f", help="Follow the output until the job ends.")
-]
+Follow = Annotated[bool, typer.Option("--follow", help="Follow the output until the job ends.")]
 Instance = Annotated[
     Optional[int],  # noqa: UP045 - typer needs Optional on 3.10
     typer.Option("--instance", help="Only this instance's output (its log)."),
@@ -55,14 +55,14 @@ OlderThan = Annotated[
     Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
     typer.Option(
         "--older-than",
-        metavar="DURATION",
+        click_type=DURATION_TEXT,
         help="With --prune: only jobs that ended at least this long ago (90s, 45m, 2h, 7d).",
     ),
 ]
 DEFAULT_GRACE = 5.0
 
 
-@app.command("jobs")
+@app.command("jobs", epilog=epilog("jobs"))
 @o.takes("jobs")
 def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
     hosts: str | None = None,
@@ -135,7 +135,7 @@ def _print_table(records: list[JobRecord]) -> None:
     sys.stdout.write("".join(f"{line}\n" for line in lines))
 
 
-@app.command("logs")
+@app.command("logs", epilog=epilog("logs"))
 @o.takes("logs")
 def logs_cmd(
     job_id: JobId,
@@ -144,7 +144,7 @@ def logs_cmd(
     hosts: str | None = None,
     cluster: str | None = None,
 ) -> None:
-    """Print a detached job's output, tagged as an attached launch prints it (-f: follow it
+    """Print a detached job's output, tagged as an attached launch prints it (--follow: follow it
     until the job ends; Ctrl-C stops the following, not the job)."""
     from poprun_py.jobs.record import log_locations
 
@@ -201,7 +201,7 @@ class _TaggedWriter:
             self.out.flush()
 
 
-@app.command("stop")
+@app.command("stop", epilog=epilog("stop"))
 @o.takes("stop")
 def stop_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
     """Stop a detached job on every host (TERM, KILL after its grace period); stopping a job
@@ -218,7 +218,7 @@ def stop_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None
     sys.stderr.write(f"poprun-py: job {job_id} {after.state}\n")
 
 
-@app.command("wait")
+@app.command("wait", epilog=epilog("wait"))
 @o.takes("wait")
 def wait_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
     """Wait for a detached job to end; exit with its exit code."""

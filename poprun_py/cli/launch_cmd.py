@@ -25,6 +25,7 @@ from poprun_py.cli import long_run as lr
 from poprun_py.cli import onekey, option_model
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.cli.examples import epilog
 from poprun_py.errors import UsageError
 from poprun_py.prepare.job import Prepared, prepare
 
@@ -141,7 +142,7 @@ def _check_and_swap(prep: Prepared, timeout: float, torch: bool) -> "Swapped":
 
 
 for _mode in ("plan", "render", "launch", "check"):
-    app.command(_mode, context_settings=PROGRAM_CONTEXT)(_command(_mode))
+    app.command(_mode, context_settings=PROGRAM_CONTEXT, epilog=epilog(_mode))(_command(_mode))
 
 
 def show_plan(plan: "LaunchPlan", fmt: str) -> None:
@@ -223,7 +224,7 @@ def _detach(
     where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
     sys.stderr.write(
         f"poprun-py: job {record.id}: {len(record.instances)} instance(s) running, "
-        f"supervised on {where}; poprun-py logs -f {record.id}\n"
+        f"supervised on {where}; poprun-py logs --follow {record.id}\n"
     )
     if fmt == "json":
         from poprun_py.jobs.record import log_locations

@@ -23,6 +23,8 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
+from poprun_py.cli.durations import DURATION
+from poprun_py.cli.examples import epilog
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,7 +52,9 @@ WaitTimeout = Annotated[
     Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
     typer.Option(
         "--wait-timeout",
-        help="Seconds to wait for nodes to run and answer SSH (default: local/static 30, aws 900).",
+        click_type=DURATION,
+        help="How long to wait for nodes to run and answer SSH (90s, 45m, 2h, or seconds; "
+        "default: local/static 30s, aws 15m).",
     ),
 ]
 
@@ -117,7 +121,7 @@ def confirm_cost(notice: str, yes: bool) -> None:
         raise UsageError("not confirmed: nothing was created")
 
 
-@app.command("up")
+@app.command("up", epilog=epilog("up"))
 @o.takes("up")
 def up_command(
     cluster: ClusterArg,
@@ -158,7 +162,7 @@ def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
     )
 
 
-@app.command("down")
+@app.command("down", epilog=epilog("down"))
 @o.takes("down")
 def down_command(
     cluster: ClusterArg,
@@ -196,16 +200,23 @@ def _spec_or_name(cluster: str) -> ClusterSpec:
     return spec_from_record(record)
 
 
-@app.command("status")
+@app.command("status", epilog=epilog("status"))
 def status_command(
     cluster: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(help="Only this cluster (name or spec file)."),
     ] = None,
     refresh: Annotated[
-        bool, typer.Option("--refresh/--no-refresh", help="Ask the providers for node states.")
+        bool,
+        typer.Option(
+            "--refresh/--no-refresh",
+            show_default=False,
+            help="Ask the providers for node states (default --refresh).",
+        ),
     ] = True,
-    fmt: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", show_default=False, help="table | json (default table)")
+    ] = "table",
 ) -> None:
     """List provisioned clusters and their nodes."""
     from poprun_py.providers.lifecycle import status

@@ -1,6 +1,6 @@
 """``poprun-py exec`` and ``poprun-py sync``: a command, or files, on every host in parallel.
 
-``exec`` prints ``host: line`` as lines arrive, or with ``--gather/-b`` folds hosts with identical
+``exec`` prints ``host: line`` as lines arrive, or with ``--gather`` folds hosts with identical
 output under one header (like ``clush -b``); it exits with the worst host's code (255 for a host
 that cannot be reached, 124 for one that hit ``--timeout``). ``sync`` pushes paths (default: the
 current directory) to every host at the same absolute path, or under ``--dest``, with a progress
@@ -9,7 +9,7 @@ pushing at ``--timeout`` (90s, 45m, 2h, or seconds) fails too: nothing outlives 
 
 Example:
 
-    $ poprun-py exec --hosts node[01-16] -b -- uname -r
+    $ poprun-py exec --hosts node[01-16] --gather -- uname -r
     $ poprun-py exec -c clusters/pod16.yaml --timeout 30 -- python3 -c 'import torch'
     $ poprun-py sync --hosts node[01-04] --timeout 10m ~/job
 """
@@ -26,6 +26,8 @@ import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.cli.durations import DURATION, DURATION_TEXT
+from poprun_py.cli.examples import epilog
 from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
 from poprun_py.process.signals import interrupting
@@ -44,11 +46,17 @@ Paths = Annotated[
 ]
 Gather = Annotated[
     bool,
-    typer.Option("--gather", "-b", help="Fold hosts with identical output (like clush -b)."),
+    typer.Option("--gather", help="Fold hosts with identical output (like clush -b)."),
 ]
 Timeout = Annotated[
     Optional[float],  # noqa: UP045
-    typer.Option("--timeout", "-t", help="Stop the command on a host after this many seconds."),
+    typer.Option(
+        "--timeout",
+        "-t",
+        click_type=DURATION,
+        help="Stop the command on a host running longer than this (90s, 45m, 2h, or seconds); "
+        "that host exits 124 (default: no limit).",
+    ),
 ]
 Dest = Annotated[
     Optional[str],  # noqa: UP045
@@ -61,14 +69,20 @@ SyncTimeout = Annotated[
         "-t",
         help="Stop pushing to a host still at it after this long (90s, 45m, 2h, or seconds); "
         "that host fails the sync (default: no limit).",
+        click_type=DURATION_TEXT,
     ),
 ]
 Method = Annotated[
-    str, typer.Option("--method", help="auto (rsync where both ends have it) | rsync | sftp")
+    str,
+    typer.Option(
+        "--method",
+        show_default=False,
+        help="auto (rsync where both ends have it) | rsync | sftp (default auto)",
+    ),
 ]
 
 
-@app.command("exec", context_settings=PROGRAM_CONTEXT)
+@app.command("exec", context_settings=PROGRAM_CONTEXT, epilog=epilog("exec"))
 @o.takes("exec")
 def exec_cmd(
     command: Command,
@@ -114,7 +128,7 @@ def _tagged_printer() -> LineFn:
     return emit
 
 
-@app.command("sync")
+@app.command("sync", epilog=epilog("sync"))
 @o.takes("sync")
 def sync_cmd(
     paths: Paths = None,

@@ -14,6 +14,6 @@ Example::
 
     $ poprun-py launch -c clusters/testhosts-4.yaml --detach python examples/train.py
     testhosts-4-20261201-120501-3f2a
-    $ poprun-py logs -f testhosts-4-20261201-120501-3f2a
+    $ poprun-py logs --follow testhosts-4-20261201-120501-3f2a
     $ poprun-py wait testhosts-4-20261201-120501-3f2a; echo $?
 """

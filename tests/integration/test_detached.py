@@ -88,7 +88,7 @@ def test_a_detached_job_runs_on_4_hosts_without_its_client(
     assert state_of(tmp_path, job) == "running"
     # a follower SIGKILLed halfway; a new one reads everything and ends with the job
     follower = subprocess.Popen(
-        [sys.executable, "-m", "poprun_py", "logs", "-f", job],
+        [sys.executable, "-m", "poprun_py", "logs", "--follow", job],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         text=True,
@@ -99,7 +99,7 @@ def test_a_detached_job_runs_on_4_hosts_without_its_client(
     follower.wait(timeout=10)
     # Ctrl-C stops the following, not the job, and leaves no reader on the host
     follower = subprocess.Popen(
-        [sys.executable, "-m", "poprun_py", "logs", "-f", job],
+        [sys.executable, "-m", "poprun_py", "logs", "--follow", job],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -115,7 +115,7 @@ def test_a_detached_job_runs_on_4_hosts_without_its_client(
     assert marked_on(first, f"follow {job}") == []
     assert state_of(tmp_path, job) == "running"
     (tmp_path / "go").touch()
-    logs = poprun("logs", "-f", job, cwd=tmp_path)
+    logs = poprun("logs", "--follow", job, cwd=tmp_path)
     assert logs.returncode == 0, logs.stderr
     for rank, host in enumerate(test_cluster_4.hosts):
         assert f"[{host.name}:{rank}] start {rank} {host.name}" in logs.stdout

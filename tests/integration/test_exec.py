@@ -67,20 +67,20 @@ def test_output_is_tagged_by_host(test_cluster_4: TestCluster):
 
 
 def test_gather_folds_identical_outputs(test_cluster_4: TestCluster):
-    proc = run(cli(test_cluster_4, "-b", "--", "echo", "same everywhere"))
+    proc = run(cli(test_cluster_4, "--gather", "--", "echo", "same everywhere"))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 4 and lines[3] == "same everywhere"
     prefix = test_cluster_4.host_names[0][:-1]
     assert lines[1] == f"{prefix}[1-4] (4)"
-    differ = run(cli(test_cluster_4, "-b", "--", "hostname"))
+    differ = run(cli(test_cluster_4, "--gather", "--", "hostname"))
     blocks = differ.stdout.split("---------------\n")[1:]
     assert [b.strip() for b in blocks[1::2]] == list(test_cluster_4.host_names)
 
 
 def test_exit_code_is_the_worst_hosts(test_cluster_4: TestCluster):
     script = 'h=$(hostname); exit "${h##*[!0-9]}"'  # host N exits with N
-    proc = run(cli(test_cluster_4, "-b", "--", "sh", "-c", script))
+    proc = run(cli(test_cluster_4, "--gather", "--", "sh", "-c", script))
     assert proc.returncode == 4
     names = test_cluster_4.host_names
     expected = [f"poprun-py: {n}: exited with exit code {i}" for i, n in enumerate(names, 1)]
