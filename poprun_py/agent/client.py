@@ -88,6 +88,11 @@ class AgentPool:
         """The pool's SSH settings."""
         return self.pool.settings
 
+    @property
+    def connections(self) -> Mapping[str, Connection]:
+        """The pool's open connections."""
+        return self.pool.connections
+
     def agent(self, conn: Connection) -> AgentConnection:
         """The agent on ``conn``'s host, started now if it is not running yet (or has ended:
         an agent exits after its job, and a restarted job starts a new one on the same

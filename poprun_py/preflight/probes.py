@@ -58,6 +58,7 @@ from poprun_py.core.topology import (
 )
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.ssh.hostresult import HostResult
+from poprun_py.ssh.openssh import over_openssh
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
-    from poprun_py.ssh.connection import RemoteResult
+    from poprun_py.ssh.connection import Connection, RemoteResult
     from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
@@ -435,6 +436,9 @@ def preflight(
 
     outcomes = pool.each(check, connect=True)  # connection faults come back as outcomes
     hosts, faults, warnings = _collect(pool, checks, outcomes, resolving)
+    connections: Mapping[str, Connection] = getattr(pool, "connections", {})  # fakes: none
+    if over := over_openssh([connections[h.name] for h in pool.hosts if h.name in connections]):
+        warnings += (over,)
     report = PreflightReport(hosts, faults, warnings, time.monotonic() - started)
     for warning in warnings:
         log.warning("%s", warning)

@@ -41,7 +41,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from poprun_py.core.spec import HostSpec
@@ -129,6 +129,21 @@ def choose(wanted: str, needs: Sequence[str]) -> tuple[str, str]:
     if wanted == "auto" and needs and ssh_binary() is not None:
         return "openssh", ", ".join(needs)
     return "paramiko", ""
+
+
+def over_openssh(connections: Iterable[Connection]) -> str:
+    """One line naming the hosts reached through OpenSSH (as a node set), and why ('' for
+    none)."""
+    from ClusterShell.NodeSet import NodeSet
+
+    why: dict[str, list[str]] = {}
+    for conn in connections:
+        if isinstance(conn, OpenSshConnection):
+            why.setdefault(conn.why, []).append(conn.name)
+    if not why:
+        return ""
+    parts = [f"{NodeSet.fromlist(names)} ({reason})" for reason, names in why.items()]
+    return "over OpenSSH's ssh: " + "; ".join(parts)
 
 
 def ssh_argv(host: HostSpec, settings: SshSettings, command: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from poprun_py.ssh.fanout import nodeset
 from tests.integration.helpers import sessions_started, settled
 from tests.integration.test_launch_hosts_cli import spec_for
 
@@ -113,6 +114,8 @@ def test_launch_over_openssh_runs_every_instance_with_paramikos_sessions(
         assert done.returncode == 0, done.stderr
         for rank, host in enumerate(test_cluster_4.hosts):
             assert f"rank {rank} on {host.name}" in done.stdout
+        said = f"over OpenSSH's ssh: {nodeset([h.name for h in test_cluster_4.hosts])} ("
+        assert (said in done.stderr) == (client == "openssh"), done.stderr
         after = sessions_started(test_cluster_4)
         sessions[client] = {h: after[h] - before.get(h, 0) for h in after}
         assert settled(test_cluster_4) == {}

@@ -270,3 +270,12 @@ def test_close_ends_the_process_group() -> None:
     while _alive(int(got)) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _alive(int(got))
+
+
+def test_preflight_names_the_hosts_over_openssh_and_why() -> None:
+    one, two, three = connection("h1"), connection("h2"), connection("h3")
+    object.__setattr__(three, "why", "KnownHostsCommand")
+    assert openssh.over_openssh([]) == ""
+    assert openssh.over_openssh([one, two, three]) == (
+        "over OpenSSH's ssh: h[1-2] (test); h3 (KnownHostsCommand)"
+    )
