@@ -93,7 +93,7 @@ def same(ident: Identity) -> bool:
 
 def signal_same(ident: Identity, sig: int) -> bool:
     """Send ``sig`` to the process ``ident``, only if its pid still names it; True if sent."""
-    fd = _pidfd(ident[0])
+    fd = open_pidfd(ident[0]) if hasattr(signal, "pidfd_send_signal") else None
     try:  # with a pidfd, the process checked is the one signalled, whatever happens meanwhile
         if not same(ident):
             return False
@@ -109,10 +109,10 @@ def signal_same(ident: Identity, sig: int) -> bool:
     return True
 
 
-def _pidfd(pid: int) -> int | None:
-    """A pidfd holding ``pid``'s process, or None (gone, or no pidfds on this kernel/Python)."""
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (readable once it exits), or None (gone, or no pidfds here)."""
     opener = getattr(os, "pidfd_open", None)
-    if opener is None or not hasattr(signal, "pidfd_send_signal"):
+    if opener is None:
         return None
     try:
         return int(opener(pid))

@@ -32,15 +32,9 @@ from poprun_py.core.topology import (
 
 SYSFS_NODES = "/sys/devices/system/node"
 
-REMOTE_TOPOLOGY_SCRIPT = (
-    "for f in /sys/devices/system/node/node*/cpulist; do "
-    'd=${f%/cpulist}; printf "%s %s\\n" "${d##*/}" "$(cat "$f")"; done'
-)
-"""A fixed shell snippet that prints ``nodeN <cpulist>`` lines; see :func:`parse_node_lines`."""
-
 
 def parse_node_lines(text: str) -> Topology:
-    """Parse ``nodeN <cpulist>`` lines (the output of :data:`REMOTE_TOPOLOGY_SCRIPT`)."""
+    """Parse ``nodeN <cpulist>`` lines (each NUMA node's ``cpulist`` in sysfs)."""
     cpulists = {}
     for line in text.splitlines():
         name, _, cpulist = line.strip().partition(" ")

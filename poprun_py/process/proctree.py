@@ -42,13 +42,11 @@ __all__ = [
     "boot_ticks",
     "has_controlling_tty",
     "no_children",
-    "open_pidfd",
     "proc_table",
     "read_stat",
     "reap_adopted",
     "send_signal",
     "signal_found",
-    "starttime",
     "subreaper",
     "with_descendants",
 ]
@@ -64,25 +62,8 @@ def signal_found(found: Mapping[int, ProcStat], sig: int) -> None:
         signal_same((pid, stat[3]), sig)
 
 
-def open_pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid`` (readable once it exits), or None where pidfds do not exist."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return int(opener(pid))
-    except OSError:
-        return None
-
-
 ProcStat = tuple[int, int, int, int, str]
 """(ppid, pgid, sid, starttime, state) from /proc/<pid>/stat (see :mod:`.identity`)."""
-
-
-def starttime(pid: int) -> int:
-    """When ``pid`` started, in clock ticks since boot (0 if unknown)."""
-    stat = read_stat(pid)
-    return stat[3] if stat else 0
 
 
 def with_descendants(roots: set[int]) -> set[int]:

@@ -43,8 +43,6 @@ Example:
 
     >>> parse_forward_signals("usr2,SIGHUP") == (signal.SIGUSR2, signal.SIGHUP)
     True
-    >>> signal_names(FORWARD_SIGNALS)
-    'USR1,USR2'
     >>> control = Control()
     >>> control.arm()
     >>> control.forward(10); control.take_forwards(), control.take_forwards()
@@ -68,7 +66,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -124,11 +122,6 @@ def forward_signals(text: str | None, backend: str) -> tuple[int, ...]:
             name = signal.Signals(signum).name[3:]
             raise UsageError(f"--forward-signals {name}: not with --backend {backend} ({why})")
     return chosen
-
-
-def signal_names(signums: Iterable[int]) -> str:
-    """``USR1,USR2``: the short names, comma-separated (how ``--forward-signals`` takes them)."""
-    return ",".join(signal.Signals(s).name[3:] for s in signums)
 
 
 T = TypeVar("T")

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from poprun_py.hostside.identity import belonging, leads
+from poprun_py.hostside.identity import belonging, identify, leads, open_pidfd
 from poprun_py.hostside.stackdump import dump_in_background, find_pyspy
 from poprun_py.hostside.supervision import RUN_ID_VAR, Grace, Launched, Pipe, Poller, Spawner
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
@@ -69,11 +69,9 @@ from poprun_py.process.proctree import (
     alive,
     boot_ticks,
     no_children,
-    open_pidfd,
     proc_table,
     reap_adopted,
     signal_found,
-    starttime,
     subreaper,
 )
 from poprun_py.process.signals import Control, DumpRequest, handling_signals
@@ -260,7 +258,7 @@ class Supervision:
         self.roots.add(pid)
         self.spawned = True
         if self.since_unknown:
-            start = starttime(pid)
+            start = (identify(pid) or (pid, 0))[1]
             self.since = min(self.since or start, start)
         if pidfd is not None:
             self.sel.register(pidfd, pid)
