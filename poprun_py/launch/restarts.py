@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from poprun_py.backends.base import Backend, Checked, Session
+from poprun_py.core.exit_codes import exit_phrase
 from poprun_py.core.result import InstanceState, LaunchResult, RunOptions, RunSettings
 from poprun_py.core.stacks import Hang
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
@@ -320,10 +321,8 @@ def why_failed(result: LaunchResult) -> str:
         return "the launch failed"
     if root.state is InstanceState.LOST:
         what = f"lost contact with host {root.host}"
-    elif root.signal is not None:
-        what = f"was killed by signal {root.signal}"
     else:
-        what = f"exited with code {root.exit_code}"
+        what = exit_phrase(root.exit_code, root.signal)  # 143: "..., killed by SIGTERM"
     detail = f" ({root.detail})" if root.detail else ""
     own = ""
     if root.state is not InstanceState.LOST and root.code in OWN_CODES:
