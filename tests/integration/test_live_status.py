@@ -2,7 +2,8 @@
 on the ssh test hosts, one of them slow (its sshd stopped for a few seconds, so that connecting
 to it waits): under tmux at 80 columns the status line appears, names the slow host, and is
 gone when the launch ends; with stderr piped, the same wait is told in plain lines without a
-single control character."""
+single control character. The restart delay counts down below the restart's own line, and is
+gone after a Ctrl-C."""
 
 from __future__ import annotations
 
@@ -145,3 +146,26 @@ def test_piped_the_wait_is_told_in_plain_lines_without_control_characters(
     ), err
     assert re.search(r"poprun-py: connecting, preflight: 3/3 hosts done in \d+\.\d s\n", rest), err
     assert not CONTROL.search(err + out), repr(err)
+
+
+@pytest.mark.requires("tmux")
+def test_under_tmux_the_restart_delay_counts_down_below_the_restart_told(tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the first attempt fails; the second waits for it, then succeeds
+    script = f'[ "$POPRUN_RESTART_COUNT" = 1 ] || exit 5; while [ ! -e {go} ]; do sleep 0.05; done'
+    argv = [sys.executable, "-m", "poprun_py", "launch", "--hosts", "localhost",
+            "--max-restarts", "1", "--restart-delay", "30", "--", "sh", "-c", script]  # fmt: skip
+    tmux = Tmux(tmp_path)
+    try:
+        tmux.type(f"clear; {shlex.join(argv)}; echo launch-ended-$?")
+        screen = tmux.wait_for(r"restart 1 of 1 in (29|2\d) s")  # counting down from 30
+        told = r"poprun-py: attempt 0 failed: instance 0 on localhost exited with code 5"
+        assert re.search(told, screen), screen  # told as it happened, above the countdown
+        countdown = [x for x in screen.splitlines() if "restart 1 of 1 in" in x]
+        assert len(countdown) == 1 and not countdown[0].startswith("poprun-py"), screen
+        tmux.run("send-keys", "-t", "t", "C-c")  # a stop during the delay: no attempt 1
+        screen = tmux.wait_for(r"launch-ended-\d+")
+    finally:
+        go.touch()
+        tmux.close()
+    assert "launch-ended-130" in screen, screen
+    assert "restart 1 of 1 in" not in screen, screen  # the countdown is gone
