@@ -54,15 +54,15 @@ def ssh_children_of(pid: int) -> list[int]:
     return found
 
 
-def ssh_clients_for(cluster: TestCluster) -> list[str]:
-    """Command lines of live ``ssh`` processes here that use ``cluster``'s ssh_config."""
+def ssh_clients_using(config: Path) -> list[str]:
+    """Command lines of live ``ssh`` processes here given ``config`` (``-F``)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             words = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if Path(words[0].decode()).name == "ssh" and str(cluster.ssh_config).encode() in words:
+        if Path(words[0].decode()).name == "ssh" and str(config).encode() in words:
             found.append(" ".join(w.decode() for w in words))
     return found
 
@@ -119,7 +119,7 @@ def test_launch_over_openssh_runs_every_instance_with_paramikos_sessions(
         after = sessions_started(test_cluster_4)
         sessions[client] = {h: after[h] - before.get(h, 0) for h in after}
         assert settled(test_cluster_4) == {}
-        assert ssh_clients_for(test_cluster_4) == []
+        assert ssh_clients_using(test_cluster_4.ssh_config) == []
     # the agent's session (preflight, staging, the job) and the job directory's removal
     assert sessions["openssh"] == sessions["paramiko"] == {h.name: 2 for h in test_cluster_4.hosts}
 
@@ -145,7 +145,7 @@ def test_a_failing_instance_over_openssh_stops_everything_and_leaves_nothing(
     assert time.monotonic() - started < 2 + 3 + 5  # grace 2 s + 3 s, and the rank's second
     assert "instance 2" in err
     assert settled(test_cluster_4) == {}
-    assert ssh_clients_for(test_cluster_4) == []
+    assert ssh_clients_using(test_cluster_4.ssh_config) == []
 
 
 def test_openssh_without_an_ssh_client_is_one_line_and_exit_3(
