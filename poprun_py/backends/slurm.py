@@ -13,12 +13,13 @@ name).
 under mpirun (:meth:`~poprun_py.backends.external.LauncherRun.ranks_dumped`).
 
 Failure: ``--kill-on-bad-exit=1`` makes Slurm end the step when one task fails; that task is the
-root cause (its own exit code becomes poprun-py's), the others are ``stopped``. Ctrl-C: SIGTERM
-goes to srun alone, which cancels the step (as after two Ctrl-C within a second): Slurm sends
-the tasks SIGTERM, then SIGKILL after its ``KillWait``. If srun has not ended when poprun-py's
-grace period runs out, srun gets SIGKILL. Whatever happened, a step of this job's name that
-Slurm still lists afterwards gets ``scancel --signal=KILL`` and is waited for, so nothing is
-left on the nodes.
+root cause (its own exit code becomes poprun-py's), the others are ``stopped``. When srun reports a
+node failure (``Node failure on NODE``), that node's tasks are lost and the root cause; the tasks
+Slurm killed on the other nodes are ``stopped``, whichever srun reported first. Ctrl-C: SIGTERM goes
+to srun alone, which cancels the step (as after two Ctrl-C within a second): Slurm sends the tasks
+SIGTERM, then SIGKILL after its ``KillWait``. If srun has not ended when poprun-py's grace period
+runs out, srun gets SIGKILL. Whatever happened, a step of this job's name that Slurm still lists
+afterwards gets ``scancel --signal=KILL`` and is waited for, so nothing is left on the nodes.
 
 Staging: the step carries its own task script (``srun --bcast``, see ``templates/srun.j2``), so
 the job directory -- by default under /tmp of this machine -- need not be shared with the
@@ -401,6 +402,9 @@ def unstage(job: RenderedJob, env: Mapping[str, str]) -> None:
 def _reported(end: TaskEnd, stopping: bool, report: TaskReport) -> _Outcome:
     if end.failed and stopping:  # ended after poprun-py stopped srun, signal or not
         return InstanceState.STOPPED, end.exit_code, end.signal, "step cancelled"
+    if end.signal in _STOP_SIGNALS and report.failed_nodes:  # whichever line srun printed first
+        failed = ", ".join(report.failed_nodes)
+        return InstanceState.STOPPED, None, end.signal, f"step ended after node {failed} failed"
     if end.signal in _STOP_SIGNALS and report.failed_before(end):
         return InstanceState.STOPPED, None, end.signal, "step cancelled after another task failed"
     return InstanceState.EXITED, end.exit_code, end.signal, end.detail

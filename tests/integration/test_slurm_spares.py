@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.test_long_run_hosts import started, stopped_at_the_end
 from tests.integration.test_slurm_cli import squeue_empty
-from tests.slurmcluster import SlurmCluster
+from tests.slurmcluster import SlurmCluster, SlurmNode
 
 pytestmark = pytest.mark.hosts
 
@@ -54,10 +54,10 @@ def failing(env: Mapping[str, str], node: str) -> Iterator[None]:
 
 
 def run_losing_a_node(
-    cluster: SlurmCluster, env: dict[str, str], tmp_path: Path
+    cluster: SlurmCluster, env: dict[str, str], tmp_path: Path, *more: str
 ) -> tuple[int, str, str]:
     a, b, spare = cluster.node_names[:3]
-    args = ["launch", "--backend", "slurm", "--hosts", f"{a},{b}", "--spare-hosts", spare]
+    args = ["launch", "--backend", "slurm", "--hosts", f"{a},{b}", "--spare-hosts", spare, *more]
     args += ["-r", "2", "-n", "2", "--time", "5", "--max-restarts", "1", "--", "sh", "-c", TELL]
     with failing(env, b), stopped_at_the_end(started(args, tmp_path, env=env)) as run:
         run.wait_for(r"\] try 0 on ", 2)
@@ -89,6 +89,7 @@ def test_a_failed_node_is_replaced_by_the_spare_inside_the_user_s_allocation(
     assert code == 0, err
     assert attempts(out) == {0: {(a, job), (b, job)}, 1: {(a, job), (spare, job)}}, out
     assert f"spare host {spare} takes the place of lost host {b}" in err
+    assert f"attempt 0 failed: {node_failed(b)}; restarting" in err, err  # not a killed task
     assert f"attempt 1: ok ({spare} in place of {b})" in err
     assert squeue_empty(slurm_env)
 
@@ -104,4 +105,53 @@ def test_a_failed_node_is_replaced_by_the_spare_when_poprun_py_allocates(
     ran = attempts(out)
     assert {node for node, _ in ran[0]} == {a, b} and {node for node, _ in ran[1]} == {a, spare}
     assert f"spare host {spare} takes the place of lost host {b}" in err
+    assert f"attempt 0 failed: {node_failed(b)}; restarting" in err, err
+    assert squeue_empty(slurm_env)
+
+
+def node_failed(node: str) -> str:
+    """The root cause the summary gives when ``node`` failed (instance 1 ran there)."""
+    return (
+        f"instance 1 on {node} lost contact with host {node} (its node failed (srun: Node failure))"
+    )
+
+
+@contextmanager
+def unreachable(node: SlurmNode, address: str) -> Iterator[None]:
+    """``node`` cannot reach ``address`` (a route refusing it in its namespace) meanwhile."""
+    route = ["ip", "netns", "exec", node.netns, "ip", "route"]
+    subprocess.run([*route, "add", "prohibit", f"{address}/32"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*route, "del", "prohibit", f"{address}/32"], check=True)
+
+
+def test_a_spare_that_fails_the_check_does_not_replace_a_failed_node(
+    slurm_cluster: SlurmCluster, slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With --check the spare passes the check (a step on it, inside the allocation) before it
+    takes a failed node's place: a spare that cannot reach MASTER_ADDR is not used, and with no
+    spare left the failed node is tried again (it fails: the job ends with one line, and the
+    attempt's code)."""
+    a, b, spare = slurm_cluster.node_names[:3]
+    node_a, node_spare = slurm_cluster.nodes[0], slurm_cluster.nodes[2]
+    salloc = ["salloc", "--no-shell", "-N3", "--no-kill", "--exclusive", "--time=5"]
+    granted = subprocess.run(salloc, env=slurm_env, capture_output=True, text=True, check=True)
+    job = re.findall(r"\d+", granted.stderr + granted.stdout)[0]
+    env = {**slurm_env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": f"{a},{b},{spare}"}
+    env["COLUMNS"] = "200"  # the summary's table on one line a row
+    check = ("--check", "--check-timeout", "3")
+    try:
+        with unreachable(node_spare, node_a.address):  # MASTER_ADDR is a's
+            code, out, err = run_losing_a_node(slurm_cluster, env, tmp_path, *check)
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, check=False)
+    assert "check: 2/2 host(s) ok" in err  # before the launch: the spare is not in the plan
+    assert f"attempt 0 failed: {node_failed(b)}; restarting" in err, err
+    assert re.search(rf"restart: spare host {spare} failed the check \(instance 1", err), err
+    assert f"spare host {spare} takes the place" not in err
+    if f"{a}: task 0: Killed" in err:  # Slurm killed the task on the node that did not fail
+        assert re.search(rf"0 +{a} +stopped +137 +step ended after node {b} failed", err), err
+    assert code != 0 and 1 not in attempts(out), out  # no attempt ran on the spare
     assert squeue_empty(slurm_env)
