@@ -94,7 +94,7 @@ class PlainView:
     def _tell(self, tracker: Tracker) -> None:
         phase = tracker.snapshot()
         if phase is not None and phase.until is None:
-            self._write(phase.summary(tracker.clock(), ok=False))
+            self._write(phase.lasting(tracker.clock()))
             self._told = True
 
     def end(self, phase: Phase, ok: bool, now: float) -> None:

@@ -22,7 +22,7 @@ Example:
     'preflight 1/3 hosts'
     >>> p.reached("n3", 2).text(now=4.2)
     'preflight 2/3 hosts … waiting for n2 (4 s)'
-    >>> p.summary(now=4.2, ok=False)
+    >>> p.lasting(now=4.2)
     'connecting, preflight: 1/3 hosts done after 4.2 s; waiting for n2 and 1 more'
     >>> Phase.waiting("restart 1 of 3", seconds=5.0, started=0.0).text(now=0.7)
     'restart 1 of 3 in 5 s'
@@ -93,8 +93,9 @@ class Phase:
         """One line for a live status: ``preflight 14/16 hosts … waiting for n07 (4 s)``."""
         if self.until is not None:
             return f"{self.steps[0]} in {math.ceil(max(0.0, self.until - now))} s"
-        if not self.hosts:
-            return self.steps[0]
+        if not self.hosts:  # a wait on no host in particular (a Slurm allocation)
+            slow = now - self.started >= SLOW_AFTER
+            return f"{self.steps[0]} ({int(now - self.started)} s)" if slow else self.steps[0]
         pending = self.pending()
         line = f"{self.steps[self.step()]} {len(self.hosts) - len(pending)}/{len(self.hosts)} hosts"
         if pending and now - self.started >= SLOW_AFTER:
@@ -109,9 +110,16 @@ class Phase:
         total = len(self.hosts)
         if ok:
             return f"{self.label}: {total}/{total} hosts done in {took}"
-        pending = self.pending()
-        done = f"{total - len(pending)}/{total} hosts done after {took}"
-        return f"{self.label}: {done}; waiting for {_named(pending)}" if pending else done
+        return self.lasting(now)
+
+    def lasting(self, now: float) -> str:
+        """One plain line: how the phase stands ``now``, while it lasts."""
+        took = f"{now - self.started:.1f} s"
+        if self.until is not None or not self.hosts:
+            return f"{self.label}: under way for {took}"
+        total, pending = len(self.hosts), self.pending()
+        done = f"{self.label}: {total - len(pending)}/{total} hosts done after {took}"
+        return f"{done}; waiting for {_named(pending)}" if pending else done
 
 
 def _named(hosts: list[str]) -> str:

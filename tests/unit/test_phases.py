@@ -186,3 +186,12 @@ def test_showing_chooses_the_view_once_by_the_stream() -> None:
         with showing(stream), phases.phase("sync", ["a"]):
             tracker = phases._current()
             assert tracker is not None and isinstance(tracker.view, kind)
+
+
+def test_a_wait_on_no_host_in_particular_shows_its_time_after_a_few_seconds() -> None:
+    p = Phase.of(("allocation",), (), 0.0)
+    later = SLOW_AFTER + 4.2
+    assert [p.text(t) for t in (0.5, later)] == ["allocation", f"allocation ({int(later)} s)"]
+    assert p.lasting(5.0) == "allocation: under way for 5.0 s"
+    assert p.summary(9.0, ok=True) == "allocation: done in 9.0 s"
+    assert p.summary(9.0, ok=False) == "allocation: stopped after 9.0 s"
