@@ -315,19 +315,22 @@ class SlurmSession:
         one step, every node's checks and hardware (:mod:`poprun_py.backends.slurm_discover`),
         re-planned with what was found."""
         from poprun_py.backends.slurm_discover import discover_nodes, needs_discovery
+        from poprun_py.process import phases
 
         if shutil.which("srun") is None:
             raise PreflightError([Fault("localhost", "srun", SRUN_MISSING)])
         if spares_alone(prep) and current_allocation(os.environ) is None:
             return Checked(prep, {})  # see spares_alone
-        alloc = self.stack.enter_context(allocated(slurm_request(prep)))
+        with phases.phase("allocation", ()):  # may wait in Slurm's queue
+            alloc = self.stack.enter_context(allocated(slurm_request(prep)))
         self.environ = dict(alloc.environ)
         plan = prep.plan
         if all(h.name != "localhost" for h in plan.hosts):
             from poprun_py.backends.session import with_topologies
 
             discover = needs_discovery(plan)  # else: the program and workdir only
-            report = discover_nodes(plan, self.environ, alloc.job_id, discover=discover)
+            with phases.phase("preflight", ()):  # one step on every node
+                report = discover_nodes(plan, self.environ, alloc.job_id, discover=discover)
             self.report = report
             for warning in report.warnings:
                 log.warning("%s", warning)
