@@ -29,7 +29,7 @@ import pytest
 from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.fanout import nodeset
 from tests.hostfixtures import _Clusters
-from tests.integration.helpers import settled
+from tests.integration.helpers import need_mpi, settled
 from tests.integration.test_openssh_hosts import ssh_clients_using
 
 pytestmark = pytest.mark.hosts
@@ -250,3 +250,56 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+# ------------------------------------------- every command, where only OpenSSH gets in
+
+
+def khc_spec(lab: Lab) -> Path:
+    """A cluster spec whose hosts only OpenSSH can reach (their keys come from a command)."""
+    spec = lab.dir / "khc.yaml"
+    hosts = "".join(f"  - {{name: {h.name}}}\n" for h in lab.cluster.hosts)
+    spec.write_text(
+        f"name: khc\nssh:\n  ssh_config: {lab.khc_config}\nhosts:\n{hosts}"
+        "defaults:\n  grace_period: 2\n"
+    )
+    return spec
+
+
+def test_detached_jobs_logs_stop_and_wait_over_openssh(lab: Lab) -> None:
+    spec = str(khc_spec(lab))
+    done = poprun(lab, "launch", "-c", spec, "-b", "ssh", "-n", "2", "--detach", "--",
+                  "sh", "-c", 'echo "detached $RANK"')  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().splitlines()[-1]
+    waited = poprun(lab, "wait", job, "-c", spec)
+    assert waited.returncode == 0, waited.stderr
+    logs = poprun(lab, "logs", job, "-c", spec)
+    assert logs.returncode == 0, logs.stderr
+    assert "detached 0" in logs.stdout and "detached 1" in logs.stdout
+    listed = poprun(lab, "jobs", "-c", spec, "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert job in listed.stdout
+    long = poprun(lab, "launch", "-c", spec, "-b", "ssh", "-n", "2", "--detach", "--",
+                  "sleep", "300")  # fmt: skip
+    assert long.returncode == 0, long.stderr
+    long_job = long.stdout.strip().splitlines()[-1]
+    stopped = poprun(lab, "stop", long_job, "-c", spec)
+    assert stopped.returncode == 0, stopped.stderr
+    assert poprun(lab, "wait", long_job, "-c", spec).returncode != 0
+    assert ssh_clients_using(lab.khc_config) == []
+    assert _only_extra_sshd(lab, within=10.0)
+    refused = poprun(lab, "jobs", "-c", spec, "--ssh-client", "paramiko")
+    assert "not in known_hosts" in refused.stderr  # jobs names the hosts it cannot reach
+
+
+def test_mpirun_over_openssh(lab: Lab) -> None:
+    need_mpi()
+    spec = str(khc_spec(lab))
+    done = poprun(lab, "launch", "-c", spec, "-b", "mpirun", "-n", "2", "--",
+                  "sh", "-c", 'echo "mpi rank $RANK on $(hostname)"')  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for rank, host in enumerate(lab.cluster.hosts):
+        assert f"mpi rank {rank} on {host.name}" in done.stdout
+    assert ssh_clients_using(lab.khc_config) == []
+    assert _only_extra_sshd(lab)
