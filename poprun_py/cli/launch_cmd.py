@@ -91,7 +91,8 @@ def _command(mode: str) -> Callable[..., None]:
                 cli = option_model.detached_cli(values)
                 _detach(prep, fmt, output_dir, sync, down, cli=cli, check=choices)
                 return
-            _launch(prep, output_dir, only, sync, keep=given["keep_job_dir"], before=swaps)
+            keep = given["keep_job_dir"]
+            _launch(prep, output_dir, only, sync, keep=keep, before=swaps, fmt=fmt)
 
     command.__name__ = mode
     command.__doc__ = {
@@ -107,15 +108,16 @@ def _command(mode: str) -> Callable[..., None]:
 def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str) -> None:
     """Run the check; print its table (or JSON); PreflightError (exit 3) naming every bad
     host."""
+    from poprun_py.cli.machine import check_dict
     from poprun_py.errors import PreflightError
-    from poprun_py.launch.check import report_dict, report_lines, run_check
+    from poprun_py.launch.check import report_lines, run_check
 
     if timeout <= 0:
         raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
     with _warnings_to_stderr():
         report = run_check(prep, timeout, torch)
     if fmt == "json":
-        stream.write(json.dumps(report_dict(report), separators=(",", ":")) + "\n")
+        stream.write(json.dumps(check_dict(report), separators=(",", ":")) + "\n")
     else:
         stream.write("\n".join(report_lines(report)) + "\n")
     stream.flush()
@@ -246,8 +248,11 @@ def _launch(
     *,
     keep: bool = False,
     before: "list[str] | None" = None,
+    fmt: str = "table",
 ) -> None:
-    """Run the job; the summary: ``before`` (the check's swaps), then each attempt."""
+    """Run the job; the summary: ``before`` (the check's swaps), then each attempt (``fmt``
+    json: one JSON object, the last line on stdout, in place of the table)."""
+    from poprun_py.cli.machine import launch_dict
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -271,14 +276,22 @@ def _launch(
     attempts = [*(before or ()), *lr.attempt_lines(result)]
     if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
         attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed
+    error = None if result.ok else lr.describe(result)
     if result.interrupted:
-        _print_summary(result, attempts)
-        raise Interrupted("interrupted: every instance was stopped", result)
-    if not result.ok:
-        _print_summary(result, attempts)
-        raise LaunchFailed(lr.describe(result), result.exit_code, result)
-    if attempts:
-        _print_summary(None, attempts)
+        error = "interrupted: every instance was stopped"
+    if fmt == "json":
+        _print_json(launch_dict(result, error, attempts))
+    elif error is not None or attempts:
+        _print_summary(result if error is not None else None, attempts)
+    if result.interrupted:
+        raise Interrupted(error or "interrupted", result)
+    if error is not None:
+        raise LaunchFailed(error, result.exit_code, result)
+
+
+def _print_json(data: Mapping[str, object]) -> None:
+    sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
 
 
 @contextlib.contextmanager

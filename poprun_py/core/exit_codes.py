@@ -12,18 +12,19 @@ Example:
 
 from __future__ import annotations
 
-import signal as signals
-
 SIGNAL_BASE = 128
 """A shell's exit code for a child killed by signal N is 128+N."""
+LINUX_SIGNALS = (
+    *("HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV"),
+    *("USR2", "PIPE", "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN"),
+    *("TTOU", "URG", "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS"),
+)
+"""Signals 1 to 31 as Linux numbers them (the hosts' numbers, whatever this machine's are)."""
 
 
 def signal_name(signum: int) -> str | None:
-    """``SIGTERM`` for 15; None for a number that is no signal here."""
-    try:
-        return signals.Signals(signum).name
-    except ValueError:
-        return None
+    """``SIGTERM`` for 15; None for a number that is no signal."""
+    return f"SIG{LINUX_SIGNALS[signum - 1]}" if 1 <= signum <= len(LINUX_SIGNALS) else None
 
 
 def killed_by(code: int | None, signal: int | None = None) -> str | None:
@@ -31,7 +32,7 @@ def killed_by(code: int | None, signal: int | None = None) -> str | None:
     stands for; None when neither names a signal."""
     if signal is not None:
         return signal_name(signal)
-    if code is not None and SIGNAL_BASE < code < SIGNAL_BASE + 65:
+    if code is not None and code > SIGNAL_BASE:
         return signal_name(code - SIGNAL_BASE)
     return None
 

@@ -10,7 +10,7 @@ def test_a_signal_code_names_its_signal() -> None:
     assert explain(137) == "killed by SIGKILL (137)"
     assert explain(None, signal=15) == "killed by SIGTERM (143)"
     assert [explain(c) for c in (0, 1, 124, 128, 255)] == ["", "", "", "", ""]
-    assert killed_by(130) == "SIGINT"
+    assert killed_by(130) == "SIGINT" and killed_by(159) == "SIGSYS" and killed_by(160) is None
 
 
 def test_the_failure_line_says_which_signal() -> None:
