@@ -9,6 +9,7 @@ import logging
 import re
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,36 @@ def test_a_wait_on_no_host_in_particular_shows_its_time_after_a_few_seconds() ->
     assert p.lasting(5.0) == "allocation: under way for 5.0 s"
     assert p.summary(9.0, ok=True) == "allocation: done in 9.0 s"
     assert p.summary(9.0, ok=False) == "allocation: stopped after 9.0 s"
+
+
+def test_the_ssh_pool_tells_each_hosts_steps_whether_its_work_succeeded_or_failed() -> None:
+    from poprun_py.core.spec import HostSpec
+    from poprun_py.ssh.pool import ConnectionPool
+    from poprun_py.ssh.settings import SshSettings
+
+    class Conn:
+        def __init__(self, name: str):
+            self.name = name
+
+        def close(self) -> None:
+            pass
+
+    def work(conn: Any) -> str:  # a fake connection
+        if conn.name == "bad":
+            raise ValueError("bad")
+        return conn.name
+
+    pool = ConnectionPool([HostSpec(n) for n in ("ok", "bad", "other")], SshSettings())
+    pool.connections.update({n: Conn(n) for n in ("ok", "bad", "other")})  # type: ignore[misc]
+    view = Recorder()
+    with pool, phases.tracking(view):
+        with phases.phase((phases.CONNECTING, "preflight"), ["ok", "bad", "late"]):
+            pool.each(work, ["ok", "bad"])
+        with phases.phase("sync", ["ok"]):
+            pool.each(work, ["other"])  # a host of no phase: nothing
+    assert view.events == [
+        ("begin", "connecting, preflight"),
+        ("end", "connecting, preflight True [('bad', 2), ('late', 0), ('ok', 2)]"),
+        ("begin", "sync"),
+        ("end", "sync True [('ok', 0)]"),
+    ]
