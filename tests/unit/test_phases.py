@@ -213,7 +213,7 @@ def test_the_ssh_pool_tells_each_hosts_steps_whether_its_work_succeeded_or_faile
     def work(conn: Any) -> str:  # a fake connection
         if conn.name == "bad":
             raise ValueError("bad")
-        return conn.name
+        return str(conn.name)
 
     pool = ConnectionPool([HostSpec(n) for n in ("ok", "bad", "other")], SshSettings())
     pool.connections.update({n: Conn(n) for n in ("ok", "bad", "other")})  # type: ignore[misc]
