@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from poprun_py.cli.app import app, root
-from poprun_py.errors import EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, PreflightError
+from poprun_py.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Interrupted,
+    PoprunError,
+    PreflightError,
+)
 
 PROG = "poprun-py"
 
@@ -83,9 +89,15 @@ def _target(args: list[str]) -> Any:
     return app
 
 
+_BASELINE = [0]
+"""How many stop signals had come when this run began (the CLI also runs in-process)."""
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return the exit code (no ``sys.exit``)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    signals = sys.modules.get("poprun_py.process.signals")  # not imported yet: none came
+    _BASELINE[0] = signals.stops_so_far() if signals is not None else 0
     try:
         result = _target(args)(args=args, prog_name=PROG, standalone_mode=False)
     except (Exception, KeyboardInterrupt) as exc:
@@ -113,14 +125,32 @@ def _exit_code(exc: BaseException) -> int:
         _error(_click_message(exc))
         return EXIT_USAGE
     if isinstance(exc, Abort | KeyboardInterrupt):
-        _error("interrupted")
+        _error(interrupted_by("interrupted"))
         return EXIT_INTERRUPTED
+    if isinstance(exc, Interrupted):
+        _error(interrupted_by(str(exc)))
+        return exc.exit_code
     if isinstance(exc, PreflightError):
         _show_faults(exc)
     if isinstance(exc, PoprunError):
         _error(str(exc))
         return exc.exit_code
     raise exc
+
+
+def interrupted_by(message: str) -> str:
+    """``message`` (``interrupted: ...``) naming the signal that stopped poprun-py when it was
+    not Ctrl-C: ``interrupted by SIGTERM: ...``."""
+    signals = sys.modules.get("poprun_py.process.signals")
+    signum = signals.stopped_by(_BASELINE[0]) if signals is not None else None
+    if signum is None or "interrupted by" in message:
+        return message
+    from poprun_py.core.exit_codes import signal_name
+
+    name = signal_name(signum) or f"signal {signum}"
+    if name == "SIGINT":
+        return message
+    return message.replace("interrupted", f"interrupted by {name}", 1)
 
 
 def _click_message(exc: Exception) -> str:

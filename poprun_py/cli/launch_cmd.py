@@ -278,7 +278,9 @@ def _launch(
         attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed
     error = None if result.ok else lr.describe(result)
     if result.interrupted:
-        error = "interrupted: every instance was stopped"
+        from poprun_py.cli import interrupted_by
+
+        error = interrupted_by("interrupted: every instance was stopped")
     if fmt == "json":
         _print_json(launch_dict(result, error, attempts))
     elif error is not None or attempts:

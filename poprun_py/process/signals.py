@@ -79,6 +79,23 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
 )
 """The signals that stop a job (and ``exec``/``sync``) the same way on every backend."""
+_RECEIVED: list[int] = []
+"""The stop signals this process took while poprun-py handled them, in order
+(:func:`stopped_by`)."""
+
+
+def stopped_by(since: int = 0) -> int | None:
+    """The last stop signal (SIGINT, SIGTERM, SIGHUP) poprun-py took, of those after the first
+    ``since`` (:func:`stops_so_far`); None when none came: the CLI says which signal stopped
+    it, not merely "interrupted"."""
+    return _RECEIVED[-1] if len(_RECEIVED) > since else None
+
+
+def stops_so_far() -> int:
+    """How many stop signals poprun-py has taken so far (for :func:`stopped_by`)."""
+    return len(_RECEIVED)
+
+
 FORWARD_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, n) for n in ("SIGUSR1", "SIGUSR2") if hasattr(signal, n)
 )
@@ -320,6 +337,7 @@ def handling_signals(control: Control) -> Iterator[Control]:
         return
 
     def on_signal(signum: int, frame: object) -> None:
+        _RECEIVED.append(signum)
         if not control.armed:
             raise KeyboardInterrupt
         control.interrupt()
@@ -369,6 +387,7 @@ def deferring(note: Callable[[int], None] | None = None) -> Iterator[list[int]]:
 
     def on_signal(signum: int, frame: object) -> None:
         arrived.append(signum)
+        _RECEIVED.append(signum)
         if note is not None:
             note(signum)
 
