@@ -148,6 +148,12 @@ def over_openssh(connections: Iterable[Connection]) -> str:
 
 def ssh_argv(host: HostSpec, settings: SshSettings, command: str) -> list[str]:
     """The OpenSSH client's argv to run the remote shell line ``command`` on ``host``."""
+    return [*ssh_options(host, settings), "--", host.name, command]
+
+
+def ssh_options(host: HostSpec, settings: SshSettings) -> list[str]:
+    """``ssh`` and its options for ``host``, without the host and command (for ``rsync -e``,
+    and ``-s`` for a subsystem)."""
     argv = [ssh_binary() or "ssh"]
     if settings.ssh_config is not None:
         argv += ["-F", str(settings.ssh_config)]
@@ -168,7 +174,7 @@ def ssh_argv(host: HostSpec, settings: SshSettings, command: str) -> list[str]:
     if settings.accept_new_host_keys:
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
     argv += ["-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}"]
-    return [*argv, "--", host.name, command]
+    return argv
 
 
 def _word(text: str) -> str:
@@ -190,8 +196,8 @@ def transport_error(name: str, stderr: str) -> TransportError:
 
 class OpenSshConnection(Connection):
     """A host reached through the OpenSSH client: no connection is held; every ``run`` and
-    every agent is one ``ssh`` process (its session with ``ControlMaster`` if configured).
-    No SFTP or Paramiko channels here: ``sync`` over OpenSSH is not supported."""
+    every agent is one ``ssh`` process (its session with ``ControlMaster`` if configured);
+    SFTP is one more, on the sftp subsystem. No Paramiko channels here."""
 
     def __init__(self, host: HostSpec, endpoint: Endpoint, settings: SshSettings, why: str):
         self.host, self.endpoint, self.settings, self.why = host, endpoint, settings, why
@@ -200,6 +206,7 @@ class OpenSshConnection(Connection):
         self._sftp = None
         self._lock = threading.Lock()
         self._children: set[subprocess.Popen[bytes]] = set()
+        self._children_lock = threading.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -238,8 +245,20 @@ class OpenSshConnection(Connection):
         self._unsupported("a channel")
 
     def sftp(self) -> paramiko.SFTPClient:
-        """No SFTP session over the OpenSSH client."""
-        self._unsupported("SFTP")
+        """An SFTP session over an ``ssh -s HOST sftp`` process (the sftp subsystem), opened
+        once; Paramiko's SFTP client speaks the protocol over its pipes."""
+        import paramiko
+
+        with self._lock:
+            if self._sftp is None:
+                argv = [*ssh_options(self.host, self.settings), "-s", "--", self.host.name, "sftp"]
+                pipe = _PipeSocket(self._popen(argv))
+                try:
+                    self._sftp = paramiko.SFTPClient(pipe)  # type: ignore[arg-type]  # send/recv
+                except (paramiko.SSHException, OSError, EOFError):
+                    pipe.close()
+                    raise transport_error(self.name, pipe.stderr()) from None
+            return self._sftp
 
     def _unsupported(self, what: str) -> NoReturn:
         raise ConnectionLost(self.name, f"{self.name}: {what} is not available over OpenSSH")
@@ -282,7 +301,15 @@ class OpenSshConnection(Connection):
         return RemoteResult(self.name, child.returncode, out, err, time.monotonic() - started)
 
     def _start(self, command: str, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
-        argv = ssh_argv(self.host, self.settings, command)
+        child = self._popen(ssh_argv(self.host, self.settings, command))
+        if env:
+            with contextlib.suppress(OSError):
+                os.write(_stdin_fd(child), env_block(env))
+        return child
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` (an ``ssh``) with three pipes, in a session of its own, kept for
+        :meth:`close`."""
         try:
             child = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -290,11 +317,8 @@ class OpenSshConnection(Connection):
             )  # fmt: skip
         except OSError as exc:
             raise ConnectionLost(self.name, f"{self.name}: cannot start ssh: {exc}") from None
-        with self._lock:
+        with self._children_lock:
             self._children = {c for c in self._children if c.poll() is None} | {child}
-        if env:
-            with contextlib.suppress(OSError):
-                os.write(_stdin_fd(child), env_block(env))
         return child
 
     def _end(self, run: _Run) -> None:
@@ -309,7 +333,10 @@ class OpenSshConnection(Connection):
     def close(self) -> None:
         """End every ssh process this connection started that is still running."""
         self._closed = True
-        with self._lock:
+        with contextlib.suppress(Exception):
+            if self._sftp is not None:
+                self._sftp.close()
+        with self._children_lock:
             children, self._children = self._children, set()
         for child in children:
             end_process(child)
@@ -328,6 +355,37 @@ def end_process(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
             os.killpg(process.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(wait)
+
+
+class _PipeSocket:
+    """An ``ssh -s HOST sftp`` process as the socket Paramiko's SFTPClient talks over."""
+
+    def __init__(self, child: subprocess.Popen[bytes]):
+        self.child = child
+        assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+        self._in, self._out = child.stdin.fileno(), child.stdout.fileno()
+
+    def send(self, data: bytes) -> int:
+        """Write some of ``data`` to ssh's stdin."""
+        return os.write(self._in, data)
+
+    def recv(self, size: int) -> bytes:
+        """Read up to ``size`` bytes of ssh's stdout (b"" at its end)."""
+        return os.read(self._out, size)
+
+    def get_name(self) -> str:
+        """The name Paramiko's log lines give the session."""
+        return f"ssh-sftp-{self.child.pid}"
+
+    def close(self) -> None:
+        """End the ssh process."""
+        end_process(self.child)
+
+    def stderr(self) -> str:
+        """What ssh said, once it has exited."""
+        end_process(self.child)
+        assert self.child.stderr is not None
+        return self.child.stderr.read().decode(errors="replace")
 
 
 def _stdin_fd(child: subprocess.Popen[bytes]) -> int:

@@ -5,7 +5,9 @@ on both ends it is used, over ``ssh -F <generated config>``: the config repeats 
 address, port, user, identity, jump hosts and ProxyCommand for each host, and pins the host key
 paramiko already verified
 (``HostKeyAlias`` + a one-line known_hosts, ``StrictHostKeyChecking yes``), so rsync trusts
-exactly what the transport trusts. Elsewhere SFTP over the pool's own connection, skipping files
+exactly what the transport trusts. A host reached through OpenSSH (``--ssh-client``) gets rsync
+over ``ssh`` with its own configuration, and SFTP over an ``ssh -s HOST sftp`` process.
+Elsewhere SFTP over the pool's own connection, skipping files
 whose size and mtime already match and setting mtime and mode after each upload. Either way an
 unchanged file is not sent again, and nothing is deleted on the hosts.
 
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
+from poprun_py.ssh.openssh import OpenSshConnection, ssh_options
 
 if TYPE_CHECKING:
     import paramiko
@@ -167,12 +170,14 @@ def sync(
     use_rsync = method != "sftp" and shutil.which("rsync") is not None
     deadline = None if timeout is None else time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="poprun-sync-") as tmp:
-        config = write_ssh_config(Path(tmp), list(conns.values())) if use_rsync else None
+        pinned = [c for c in conns.values() if not isinstance(c, OpenSshConnection)]
+        config = write_ssh_config(Path(tmp), pinned) if use_rsync else None
 
         def push(conn: Connection) -> HostSync:
             started = time.monotonic()
             if _remote_rsync(conn, parents, method, use_rsync) and config is not None:
-                argv = rsync_argv(config, conn.name, paths, dest)
+                shell = _openssh_shell(conn)  # OpenSSH hosts: ssh with their own config
+                argv = rsync_argv(config, conn.name, paths, dest, shell=shell)
                 sent = _rsync(argv, conn.name, total, progress, deadline)
                 return HostSync(conn.name, "rsync", *sent, time.monotonic() - started)
             sent = _sftp_push(conn, parents, entries, total, progress, deadline=deadline)
@@ -289,10 +294,22 @@ def _host_block(conn: Connection, names: dict[int, str], known: Path, config: Pa
     return "\n".join(lines) + "\n\n"
 
 
-def rsync_argv(config: Path, host: str, paths: Sequence[str], dest: str | None) -> list[str]:
-    """The rsync command: archive mode, one line per changed item, over ``ssh -F config``."""
+def _openssh_shell(conn: Connection) -> str | None:
+    """``rsync -e`` for a host reached through OpenSSH: its ssh and options, quoted (rsync
+    splits the string as a shell would); None for a Paramiko one."""
+    if not isinstance(conn, OpenSshConnection):
+        return None
+    return shlex.join(ssh_options(conn.host, conn.settings))
+
+
+def rsync_argv(
+    config: Path, host: str, paths: Sequence[str], dest: str | None, *, shell: str | None = None
+) -> list[str]:
+    """The rsync command: archive mode, one line per changed item, over ``ssh -F config``
+    (or over ``shell``, the ``-e`` of a host reached through OpenSSH)."""
     sources = [os.path.abspath(p) for p in paths]
-    base = ["rsync", "-a", "--out-format=%i %l %n", "-e", f"ssh -F {_quoted(str(config))}"]
+    shell = shell or f"ssh -F {_quoted(str(config))}"
+    base = ["rsync", "-a", "--out-format=%i %l %n", "-e", shell]
     if dest is None:  # full paths; the parents were created by the probe, leave them alone
         return [*base, "--relative", "--no-implied-dirs", *sources, f"{host}:/"]
     return [*base, *sources, f"{host}:{dest.rstrip('/')}/"]

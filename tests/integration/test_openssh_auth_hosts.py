@@ -303,3 +303,21 @@ def test_mpirun_over_openssh(lab: Lab) -> None:
         assert f"mpi rank {rank} on {host.name}" in done.stdout
     assert ssh_clients_using(lab.khc_config) == []
     assert _only_extra_sshd(lab)
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_sync_over_openssh(lab: Lab, method: str) -> None:
+    spec = str(khc_spec(lab))
+    src = lab.dir / f"src_{method}"
+    (src / "sub dir").mkdir(parents=True)
+    (src / "a.txt").write_text("alpha\n")
+    (src / "sub dir" / "b's.txt").write_text("beta\n")
+    dest = lab.dir / f"dest_{method}"  # the test hosts share this machine's files
+    done = poprun(lab, "sync", "-c", spec, "--method", method, "--dest", str(dest), str(src))
+    assert done.returncode == 0, done.stderr
+    assert (dest / f"src_{method}" / "a.txt").read_text() == "alpha\n"
+    assert (dest / f"src_{method}" / "sub dir" / "b's.txt").read_text() == "beta\n"
+    assert ssh_clients_using(lab.khc_config) == []
+    refused = poprun(lab, "sync", "-c", spec, "--ssh-client", "paramiko", "--dest", str(dest),
+                     str(src))  # fmt: skip
+    assert refused.returncode == 3 and "not in known_hosts" in refused.stderr
