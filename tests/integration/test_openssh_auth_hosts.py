@@ -28,6 +28,7 @@ import pytest
 
 from poprun_py.providers.netns import TestCluster
 from poprun_py.ssh.fanout import nodeset
+from tests import requirements
 from tests.hostfixtures import _Clusters
 from tests.integration.helpers import need_mpi, settled
 from tests.integration.test_openssh_hosts import ssh_clients_using
@@ -321,3 +322,18 @@ def test_sync_over_openssh(lab: Lab, method: str) -> None:
     refused = poprun(lab, "sync", "-c", spec, "--ssh-client", "paramiko", "--dest", str(dest),
                      str(src))  # fmt: skip
     assert refused.returncode == 3 and "not in known_hosts" in refused.stderr
+
+
+def test_check_and_mpiexec_over_openssh(lab: Lab) -> None:
+    spec = str(khc_spec(lab))
+    checked = poprun(lab, "check", "-c", spec, "-b", "ssh", "--check-timeout", "3")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "check: 2/2 host(s) ok" in checked.stdout
+    requirements.require("mpiexec.hydra")
+    done = poprun(lab, "launch", "-c", spec, "-b", "mpiexec", "-n", "2", "--",
+                  "sh", "-c", 'echo "hydra rank $RANK on $(hostname)"')  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for host in lab.cluster.hosts:
+        assert f"on {host.name}" in done.stdout
+    assert ssh_clients_using(lab.khc_config) == []
+    assert _only_extra_sshd(lab)
