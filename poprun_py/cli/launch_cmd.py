@@ -24,7 +24,7 @@ import typer
 from poprun_py.cli import long_run as lr
 from poprun_py.cli import onekey, option_model
 from poprun_py.cli import options as o
-from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
+from poprun_py.cli.app import PROGRAM_CONTEXT, app
 from poprun_py.cli.examples import epilog
 from poprun_py.errors import UsageError
 from poprun_py.prepare.job import Prepared, prepare
@@ -155,16 +155,9 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
         json.dump(display.plan_dict(plan), sys.stdout, separators=(",", ":"))
         sys.stdout.write("\n")
         return
-    stream = sys.stdout
-    lines = [
-        "poprun-py topology",
-        *display.topology_lines(plan),
-        *display.summary_lines(plan),
-        *display.instance_lines(plan),
-        *display.hardware_lines(plan),
-    ]
-    stream.write("\n".join(lines) + "\n")
-    stream.flush()
+    from poprun_py.core import look
+
+    look.write_lines(sys.stdout, display.plan_lines(plan, look.output_width(sys.stdout)))
 
 
 def _show_rendered(
@@ -271,8 +264,10 @@ def _launch(
     from poprun_py.launch.check import spare_check
 
     check = spare_check(prep.long_run)  # --check: a spare passes it before a restart uses it
-    with _warnings_to_stderr(), lr.announcing(sys.stderr):  # each restart, as it happens
-        result = launcher.launch(prep, settings, check=check)
+    from poprun_py.launch.summary import stderr_tail
+
+    with _warnings_to_stderr(), lr.announcing(sys.stderr), stderr_tail() as tail:
+        result = launcher.launch(prep, settings, check=check)  # each restart told as it comes
     attempts = [*(before or ()), *lr.attempt_lines(result)]
     if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
         attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed
@@ -284,7 +279,7 @@ def _launch(
     if fmt == "json":
         _print_json(launch_dict(result, error, attempts))
     elif error is not None or attempts:
-        _print_summary(result if error is not None else None, attempts)
+        _print_summary(result if error is not None else None, attempts, tail)
     if result.interrupted:
         raise Interrupted(error or "interrupted", result)
     if error is not None:
@@ -316,21 +311,16 @@ def _warnings_to_stderr() -> Iterator[None]:
         logger.propagate = propagate
 
 
-def _print_summary(result: "LaunchResult | None", attempts: list[str]) -> None:
-    from rich.table import Table
-
+def _print_summary(
+    result: "LaunchResult | None", attempts: list[str], tail: "Mapping[int, str] | None" = None
+) -> None:
+    """The attempts, then the instance table (:func:`poprun_py.launch.summary.print_summary`;
+    ``tail``: each instance's last stderr line, the detail of a failure the backend left
+    without one)."""
     for line in attempts:
         sys.stderr.write(f"poprun-py: {line}\n")
     if result is None:
         return
+    from poprun_py.launch.summary import print_summary
 
-    table = Table(title="instances", box=None, header_style="bold", title_justify="left")
-    for column in ("instance", "host", "state", "code", "detail"):
-        table.add_column(column)
-    root = result.root_cause
-    ordered = sorted(result.instances, key=lambda r: (r is not root, not r.failed, r.index))
-    for r in ordered:
-        state = "ROOT CAUSE" if r is root else r.state
-        code = "" if r.exit_code is None and r.signal is None else str(r.code)
-        table.add_row(str(r.index), r.host, state, code, r.detail)
-    console(stderr=True).print(table)
+    print_summary(result, tail or {}, sys.stderr)

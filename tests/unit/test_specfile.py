@@ -93,9 +93,8 @@ def test_plan_json_is_the_only_stdout(capsys: pytest.CaptureFixture[str]) -> Non
 def test_plan_table_has_topology_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["plan", "-H", "h1,h2", "-b", "local", "-r", "4", "-n", "2", "t.py"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "| hosts     |" in out and "| instances |" in out and "| replicas  | 0 | 1 | 2 | 3 |" in out
-    )
+    assert "h1: instances 0 | NUMA 0 | CPUs 0-1 | devices - | replicas 0-1" in out  # issue 22
+    assert "h2: instances 1 | NUMA 0 | CPUs 0-1 | devices - | replicas 2-3" in out
     assert "4 replicas on 2 instances (--instances) on 2 host(s)" in out
 
 
