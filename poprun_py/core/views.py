@@ -218,12 +218,22 @@ def _host_fields(plan: LaunchPlan, host: HostPlan) -> list[str]:
         r for i in insts for r in range(i.replica_offset, i.replica_offset + i.num_local_replicas)
     ]
     return [
-        f"instances {format_cpulist(host.instances) or '-'}",
-        f"NUMA {format_cpulist(n for i in insts for n in i.numa_nodes) or '-'}",
-        f"CPUs {format_cpulist(c for i in insts for c in i.cpus) or '-'}",
-        f"{devices} {format_cpulist(d for i in insts for d in i.devices) or '-'}",
-        f"replicas {format_cpulist(replicas) or '-'}",
+        f"instances {_folded(host.instances)}",
+        f"NUMA {_folded([n for i in insts for n in i.numa_nodes])}",
+        f"CPUs {_folded([c for i in insts for c in i.cpus])}",
+        f"{devices} {_folded([d for i in insts for d in i.devices])}",
+        f"replicas {_folded(replicas)}",
     ]
+
+
+def _folded(values: Sequence[int]) -> str:
+    """``values`` as ranges (``0-7,16``), ``-`` when none; one run is told at once."""
+    if not values:
+        return "-"
+    ordered = sorted(set(values))
+    if ordered[-1] - ordered[0] + 1 == len(ordered):  # the usual case: one run
+        return _ranges(ordered[0], len(ordered))
+    return format_cpulist(ordered)
 
 
 def wrapped(lines: Sequence[str], width: int) -> list[str]:
@@ -236,6 +246,9 @@ def wrapped(lines: Sequence[str], width: int) -> list[str]:
 
     out: list[str] = []
     for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
         out += textwrap.wrap(
             line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=True
         ) or [""]
