@@ -91,3 +91,21 @@ def test_piped_output_matches_its_golden_text(name: str) -> None:
 def test_no_golden_line_is_wider_than_80_columns(name: str) -> None:
     lines = (GOLDEN_DIR / name).read_text().splitlines()
     assert lines and max(len(line) for line in lines) <= WIDTH
+
+
+def test_plan_piped_prints_its_golden_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from poprun_py.cli import run
+
+    assert run(["plan", "-c", str(ROOT / "clusters/pod16.yaml"), "python3", "t"]) == 0
+    assert capsys.readouterr().out == (GOLDEN_DIR / "plan-pod16.txt").read_text()
+
+
+def test_plan_of_2048_hosts_piped_is_never_wider_than_80(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from poprun_py.cli import run
+
+    assert run(["plan", "-H", "node[0001-2048]", "-r", "8192", "python3", "t"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= WIDTH
+    assert "… 1,984 more hosts (--format json)" in lines
