@@ -1,6 +1,7 @@
 """Fan-out on fresh connections: ``poprun-py exec -- true`` on 16 real test hosts, beside pdsh,
-clush and a Fabric ThreadingGroup, all in one run (median of N rounds, the tools interleaved so
-they see the same machine load). Then a breakdown of where poprun-py's time goes.
+clush and a Fabric ThreadingGroup, all in one run, over both of poprun-py's transports
+(Paramiko, and OpenSSH's client with ``--ssh-client openssh``); median of N rounds, the tools
+interleaved so they see the same machine load. Then a breakdown of where poprun-py's time goes.
 
 Creates a 16-host test cluster (network namespaces + sshd; needs root) and destroys it at the end.
 Every tool reaches the hosts with the cluster's key and known_hosts through its ssh_config
@@ -59,6 +60,8 @@ def commands(cluster: TestCluster) -> dict[str, tuple[list[str], dict[str, str]]
     argv = [*console_script(), "exec", "-H", expr, "--ssh-config", cfg, "--", "true"]
     cmds = {
         "poprun-py exec": (argv, env),
+        # OpenSSH's client as the transport: one ssh process (and connection) per host
+        "poprun-py (openssh)": ([*argv[:-2], "--ssh-client", "openssh", *argv[-2:]], env),
         # the same without asking OpenSSH (ssh -G) for each host's configuration
         "poprun-py (fallback cfg)": (argv, {**env, "POPRUN_SSH_RESOLVER": "paramiko"}),
     }
@@ -162,7 +165,7 @@ def main() -> None:
             cpu = statistics.median(cpus[label])
             print(
                 f"  {label:<24} {value:6.2f} s  ({spread})  {value / fastest:.2f}x fastest peer"
-                f"   local CPU {cpu:5.2f} s"
+                f"   local CPU {cpu:5.2f} s ({1000 * cpu / args.hosts:5.1f} ms/host)"
             )
         print("  target: poprun-py <= 1.0x the fastest peer, aim 0.8x")
         print("  (local CPU: the tool and its children, e.g. pdsh's ssh processes; the hosts'")
