@@ -131,17 +131,9 @@ class AwsProvider:
         if os.environ.get(SKIP_SSH_ENV) == "1":
             ctx.reporter.note(f"{SKIP_SSH_ENV}=1: skipping the SSH wait and setup (test only)")
             return False
-        from poprun_py.providers.reach import wait_for_ssh
+        from poprun_py.providers.reach import wait_for_record
 
-        wait_for_ssh(
-            record.host_specs(),
-            known_hosts=record.known_hosts,
-            accept_new_host_keys=True,
-            timeout=ctx.wait_timeout or WAIT_TIMEOUT,
-            reporter=ctx.reporter,
-            flags=ctx.ssh,
-        )
-        return True
+        return wait_for_record(record, ctx, WAIT_TIMEOUT, accept_new_host_keys=True)
 
     def terminate(
         self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext

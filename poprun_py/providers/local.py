@@ -155,16 +155,9 @@ class LocalProvider:
 
     def wait_until_reachable(self, record: ProvisionRecord, ctx: ProvisionContext) -> bool:
         """Check every host answers SSH, with host keys checked strictly."""
-        from poprun_py.providers.reach import wait_for_ssh
+        from poprun_py.providers.reach import wait_for_record
 
-        wait_for_ssh(
-            record.host_specs(),
-            known_hosts=record.known_hosts,
-            timeout=ctx.wait_timeout or WAIT_TIMEOUT,
-            reporter=ctx.reporter,
-            flags=ctx.ssh,
-        )
-        return True
+        return wait_for_record(record, ctx, WAIT_TIMEOUT)
 
     def terminate(
         self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext

@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from poprun_py.core.spec import ClusterSpec, SshOptions
 from poprun_py.errors import PoprunError, ProvisionError
-from poprun_py.providers.base import NullReporter, Reporter
+from poprun_py.providers.base import NullReporter, ProvisionContext, Reporter
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
+    from poprun_py.providers.records import ProvisionRecord
     from poprun_py.ssh.connection import Connection
     from poprun_py.ssh.settings import SshSettings
 
@@ -98,6 +99,28 @@ def ssh_probe(settings: SshSettings) -> Probe:
             raise ProvisionError(f"`true` exited with {result.exit_code}")
 
     return probe
+
+
+def wait_for_record(
+    record: ProvisionRecord,
+    ctx: ProvisionContext,
+    timeout: float,
+    *,
+    accept_new_host_keys: bool = False,
+    ssh_config: str | None = None,
+) -> bool:
+    """:func:`wait_for_ssh` on a provisioned cluster's hosts, with its known_hosts and the
+    command's SSH flags, for ``ctx.wait_timeout`` (else ``timeout``) seconds; True."""
+    wait_for_ssh(
+        record.host_specs(),
+        known_hosts=record.known_hosts,
+        accept_new_host_keys=accept_new_host_keys,
+        ssh_config=ssh_config,
+        timeout=ctx.wait_timeout or timeout,
+        reporter=ctx.reporter,
+        flags=ctx.ssh,
+    )
+    return True
 
 
 def wait_for_ssh(

@@ -80,18 +80,12 @@ class StaticProvider:
 
     def wait_until_reachable(self, record: ProvisionRecord, ctx: ProvisionContext) -> bool:
         """Check that every host answers SSH within the timeout (default 30 s)."""
-        from poprun_py.providers.reach import wait_for_ssh
+        from poprun_py.providers.reach import wait_for_record
 
-        wait_for_ssh(
-            record.host_specs(),
-            known_hosts=record.known_hosts,
-            ssh_config=record.ssh_config,
-            accept_new_host_keys=ctx.accept_new_host_keys,
-            timeout=ctx.wait_timeout or WAIT_TIMEOUT,
-            reporter=ctx.reporter,
-            flags=ctx.ssh,
+        accept = ctx.accept_new_host_keys
+        return wait_for_record(
+            record, ctx, WAIT_TIMEOUT, accept_new_host_keys=accept, ssh_config=record.ssh_config
         )
-        return True
 
     def terminate(
         self, spec: ClusterSpec, record: ProvisionRecord | None, ctx: ProvisionContext
