@@ -157,7 +157,8 @@ def show_plan(plan: "LaunchPlan", fmt: str) -> None:
         return
     from poprun_py.core import look
 
-    look.write_lines(sys.stdout, display.plan_lines(plan, look.output_width(sys.stdout)))
+    width, colour = look.output_width(sys.stdout), look.use_colour(sys.stdout)
+    look.write_lines(sys.stdout, display.plan_lines(plan, width, colour))
 
 
 def _show_rendered(

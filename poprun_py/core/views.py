@@ -157,17 +157,18 @@ def _stretch(widths: list[int], total: int) -> list[int]:
     return [w + extra // len(widths) + (j < extra % len(widths)) for j, w in enumerate(widths)]
 
 
-def plan_lines(plan: LaunchPlan, width: int = look.PIPED_WIDTH) -> list[str]:
+def plan_lines(plan: LaunchPlan, width: int = look.PIPED_WIDTH, colour: bool = False) -> list[str]:
     """What ``plan`` (and ``--dry-run``, ``--print-topology``) prints, no line wider than
-    ``width``: the topology one host a line, the summary, the instance and hardware tables."""
-    lines = [
-        "poprun-py topology",
-        *host_lines(plan, width),
-        *wrapped(summary_lines(plan), width),
-        *instance_lines(plan, width=width),
-        *hardware_lines(plan, width=width),
-    ]
-    return [look.clip(line, width) for line in lines]  # even where the headers alone are wider
+    ``width``: the topology one host a line, the summary, the instance and hardware tables
+    (their headers bold with ``colour``)."""
+    head = ["poprun-py topology", *host_lines(plan, width), *wrapped(summary_lines(plan), width)]
+    hardware = hardware_lines(plan, width=width)[1:]  # after its blank line
+    tables = [instance_lines(plan, width=width), *([hardware] if hardware else [])]
+    lines = [look.clip(line, width) for line in head]  # even where the headers alone are wider
+    for k, table in enumerate(tables):
+        cut = [look.clip(line, width) for line in table]
+        lines += [*([""] if k else []), *look.bold_header(cut, colour)]
+    return lines
 
 
 def host_lines(

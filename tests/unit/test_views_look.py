@@ -138,3 +138,13 @@ def test_host_lines_too_wide_to_align_stand_alone_before_being_cut() -> None:
         lines[2] == "node0003: instances 4-5 | NUMA 0-1 | CPUs 0-63 | devices 0-7 | replicas 16-23"
     )
     assert max(map(len, lines)) <= 80
+
+
+def test_on_a_terminal_the_plan_tables_have_bold_headers_and_nothing_else_changes() -> None:
+    plan = plan_of("h1,node02", 8, 4, numa=2)
+    plain, bold = plan_lines(plan), plan_lines(plan, colour=True)
+    changed = [(a, b) for a, b in zip(plain, bold, strict=True) if a != b]
+    assert changed == [
+        (plain[k], f"\x1b[1m{plain[k]}\x1b[0m") for k in [plain.index(a) for a, _ in changed]
+    ]
+    assert [a.split()[0] for a, _ in changed] == ["instance"]
