@@ -26,8 +26,9 @@ from dataclasses import dataclass, fields
 from typing import Annotated, Any, Optional, Union, get_args
 
 import typer
+from typer._click.types import ParamType
 
-from poprun_py.cli.durations import DURATION, DURATION_TEXT
+from poprun_py.cli.durations import DURATION, DURATION_TEXT, SLURM_TIME
 from poprun_py.core.spec import SshOptions
 
 H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
@@ -54,8 +55,9 @@ class Flag:
     :class:`~poprun_py.prepare.job.LaunchOptions` field (else the record's ``cli`` part);
     ``path``: ``"path"`` or ``"@"`` (a path after ``@``) is made absolute when passed on;
     ``duration``: the value is a duration (90s, 45m, 2h, or seconds): seconds for a float
-    option, the checked text for a str one. The help says the default in words (typer's own
-    ``[default: ...]`` is off: one default shown, once)."""
+    option, the checked text for a str one (``slurm_time``: Slurm's forms, or a duration made
+    Slurm's, :data:`~poprun_py.cli.durations.SLURM_TIME`). The help says the default in words
+    (typer's own ``[default: ...]`` is off: one default shown, once)."""
 
     name: str
     decls: tuple[str, ...]
@@ -77,7 +79,9 @@ class Flag:
         """The typer parameter: ``Annotated[type, typer.Option(...)]`` (or ``Argument``)."""
         if not self.decls:
             return Annotated[self.type, typer.Argument(help=self.help)]
-        kind = (DURATION_TEXT if self.base is str else DURATION) if self.duration else None
+        kind: ParamType | None = SLURM_TIME if self.name == "slurm_time" else None
+        if self.duration:
+            kind = DURATION_TEXT if self.base is str else DURATION
         option = typer.Option(
             *self.decls,
             rich_help_panel=self.panel,
@@ -192,7 +196,8 @@ _ENTRIES = (
          "before launching.", field=False,
          detach="the client prints the topology before it detaches"),
     Flag("slurm_time", ("--time",), Str, None, H_SLURM, "Time limit of the allocation "
-         "--backend slurm asks for (e.g. 30, 1:00:00)."),
+         "--backend slurm asks for: Slurm's own (30 minutes, 1:00:00, 1-12) or a duration "
+         "(90s, 45m, 2h)."),
     Flag("slurm_partition", ("--partition",), Str, None, H_SLURM, "Slurm partition to allocate "
          "from."),
     Flag("slurm_account", ("--account",), Str, None, H_SLURM, "Slurm account to charge."),
