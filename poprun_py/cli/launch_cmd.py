@@ -278,7 +278,7 @@ def _launch(
 
         error = interrupted_by("interrupted: every instance was stopped")
     if fmt == "json":
-        _print_json(launch_dict(result, error, attempts))
+        _print_json(launch_dict(result, error, attempts, tail))
     elif error is not None or attempts:
         _print_summary(result if error is not None else None, attempts, tail)
     if result.interrupted:

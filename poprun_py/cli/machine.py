@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from poprun_py.core.exit_codes import killed_by
@@ -56,10 +56,16 @@ def check_dict(report: CheckReport) -> dict[str, Any]:
     return {"ok": not report.faults, "seconds": round(report.seconds, 3), "hosts": hosts}
 
 
-def launch_dict(result: LaunchResult, error: str | None, attempts: Sequence[str]) -> dict[str, Any]:
+def launch_dict(
+    result: LaunchResult,
+    error: str | None,
+    attempts: Sequence[str],
+    tail: Mapping[int, str] | None = None,
+) -> dict[str, Any]:
     """An attached ``launch --format json``'s summary: the job's outcome (``error``: the line
     the CLI prints on stderr, None when it succeeded), every instance (root cause first, as the
-    table), and the lines about its attempts."""
+    table; a failed one's ``detail``, when the backend gave none, its last stderr line from
+    ``tail``), and the lines about its attempts."""
     root = result.root_cause
     ordered = sorted(result.instances, key=lambda r: (r is not root, not r.failed, r.index))
     return {
@@ -68,15 +74,16 @@ def launch_dict(result: LaunchResult, error: str | None, attempts: Sequence[str]
         "error": error,
         "interrupted": result.interrupted,
         "root_cause": root.index if root is not None else None,
-        "instances": [_instance(r, r is root) for r in ordered],
+        "instances": [_instance(r, r is root, tail or {}) for r in ordered],
         "attempts": len(result.attempts) + 1,
         "notes": list(attempts),
         "seconds": round(result.duration, 3),
     }
 
 
-def _instance(r: InstanceResult, is_root: bool) -> dict[str, Any]:
+def _instance(r: InstanceResult, is_root: bool, tail: Mapping[int, str]) -> dict[str, Any]:
     ended = r.exit_code is not None or r.signal is not None
+    detail = r.detail or (tail.get(r.index, "") if r.failed else "")
     return {
         "instance": r.index,
         "host": r.host,
@@ -86,5 +93,5 @@ def _instance(r: InstanceResult, is_root: bool) -> dict[str, Any]:
         "signal": r.signal,
         "code": r.code if ended or r.failed else None,
         "killed_by": killed_by(r.exit_code, r.signal),
-        "detail": r.detail or None,
+        "detail": " ".join(detail.split()) or None,
     }

@@ -60,13 +60,15 @@ def test_jobs_and_status_print_a_json_list(
 
 
 def test_an_attached_launch_ends_with_its_summary_in_json(tmp_path: Path) -> None:
-    failed = poprun(tmp_path, "launch", *LOCAL, "-f", "json", "--", "sh", "-c", "exit 3")
+    fail = "echo boom >&2; exit 3"
+    failed = poprun(tmp_path, "launch", *LOCAL, "-f", "json", "--", "sh", "-c", fail)
     assert failed.returncode == 3, failed.stderr
     summary = json.loads(failed.stdout.splitlines()[-1])
     assert summary["ok"] is False and summary["exit_code"] == 3
     assert summary["error"] == failed.stderr.strip().split("error: ", 1)[1]
     root = summary["instances"][0]
     assert root["root_cause"] is True and root["exit_code"] == 3 and root["signal"] is None
+    assert root["detail"] == "boom"  # its last stderr line, as the table's detail
     assert "-" not in values(summary)
     ok = poprun(tmp_path, "launch", *LOCAL, "--format", "json", "--", "true")
     assert ok.returncode == 0, ok.stderr
