@@ -39,9 +39,9 @@ from poprun_py.core.plan import make_plan
 from poprun_py.core.result import RunOptions
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import NumaNode, Topology
+from poprun_py.hostside.supervision import has_controlling_tty
 from poprun_py.prepare.discover import discover_local
 from poprun_py.process.output import Output
-from poprun_py.process.proctree import has_controlling_tty
 from poprun_py.process.supervise import Child, supervise
 from poprun_py.render.job import RenderedJob, render_job
 

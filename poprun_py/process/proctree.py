@@ -1,9 +1,6 @@
-"""The process-tree edge of local supervision: find what children left, reap.
+"""The process-tree edge of local supervision: find what children left, reap. (Starting them
+is :class:`~poprun_py.hostside.supervision.Spawner`'s, in the core the agent shares.)
 
-- :class:`Spawner` (:mod:`poprun_py.hostside.supervision`, the core the local backend and the
-  host agent share; re-exported here) starts a process from an argv list in a process group of
-  its own (and a session of its own when there is a terminal to keep it from), stdin closed,
-  stdout/stderr piped, bound to CPUs and NUMA nodes when asked.
 - :func:`subreaper` makes this process a child subreaper, so orphans of its descendants are
   re-parented to it rather than to init; :func:`no_children` then proves, with one syscall,
   that nothing is left.
@@ -14,11 +11,8 @@
 Example:
 
     >>> import os
-    >>> spawner = Spawner({"RUN": "1"})
-    >>> proc = spawner.start(("sh", "-c", "echo $RUN"), {}, None)
-    >>> proc.stdout.read(), proc.wait()
-    (b'1\\n', 0)
-    >>> proc.close(); spawner.close()
+    >>> alive({os.getpid()}) == {os.getpid()} <= with_descendants({os.getpid()})
+    True
 """
 
 from __future__ import annotations
@@ -30,26 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 
-from poprun_py.hostside.identity import boot_ticks, proc_table, read_stat, signal_same, subtree
-from poprun_py.hostside.supervision import Launched, Spawner, has_controlling_tty, send_signal
-
-__all__ = [
-    "Launched",
-    "ProcStat",
-    "Spawner",
-    "adopted_zombies",
-    "alive",
-    "boot_ticks",
-    "has_controlling_tty",
-    "no_children",
-    "proc_table",
-    "read_stat",
-    "reap_adopted",
-    "send_signal",
-    "signal_found",
-    "subreaper",
-    "with_descendants",
-]
+from poprun_py.hostside.identity import proc_table, read_stat, signal_same, subtree
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37

@@ -2,8 +2,8 @@
 
 :func:`supervise` starts each :class:`Child` from an argv list (never a shell) in a process
 group of its own (and a session of its own when poprun-py has a terminal; see
-:class:`~poprun_py.process.proctree.Spawner`), with stdin closed; many children are started from a
-few threads, since each start waits for its exec.
+:class:`~poprun_py.hostside.supervision.Spawner`), with stdin closed, one after another (each
+start waits only for its exec).
 One selector loop on the calling thread reads every stdout/stderr pipe and learns of exits
 through pidfds. Output goes through a :class:`Feed` per pipe: by default :class:`LineFeed`,
 which splits lines for an :class:`Output` (per-instance logs, ``only_output_from``, the sink).
@@ -58,7 +58,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from poprun_py.hostside.identity import belonging, identify, leads, open_pidfd
+from poprun_py.hostside.identity import (
+    belonging,
+    boot_ticks,
+    identify,
+    leads,
+    open_pidfd,
+    proc_table,
+)
 from poprun_py.hostside.stackdump import dump_in_background, find_pyspy
 from poprun_py.hostside.supervision import RUN_ID_VAR, Grace, Launched, Pipe, Poller, Spawner
 from poprun_py.process.children import Child, ChildExit, Feed, FeedFactory, Supervised
@@ -67,9 +74,7 @@ from poprun_py.process.proctree import (
     ProcStat,
     adopted_zombies,
     alive,
-    boot_ticks,
     no_children,
-    proc_table,
     reap_adopted,
     signal_found,
     subreaper,

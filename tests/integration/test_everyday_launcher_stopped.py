@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.process.proctree import read_stat
+from poprun_py.hostside.identity import read_stat
 from poprun_py.providers.netns import TestCluster, host_pids
 from tests.hostfixtures import MakeCluster
 from tests.integration.test_launch_hosts_cli import only_sshd, spec_for

@@ -31,8 +31,8 @@ from poprun_py.hostside.binding import (
     set_mempolicy,
 )
 from poprun_py.hostside.bundle import bundle, payload
+from poprun_py.hostside.supervision import Spawner
 from poprun_py.preflight.probes import HostReport, PreflightReport, check_numactl
-from poprun_py.process.proctree import Spawner
 from poprun_py.render.job import render_job
 from tests.integration.helpers import binding_case
 

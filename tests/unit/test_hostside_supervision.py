@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from poprun_py.hostside import supervision as S
-from poprun_py.process.proctree import alive, read_stat
+from poprun_py.hostside.identity import read_stat
+from poprun_py.process.proctree import alive
 
 
 @pytest.fixture
