@@ -67,7 +67,11 @@ _YES = ("yes", "true")
 _AUTH = ("Permission denied", "Too many authentication failures")
 _KEY = ("Host key verification failed", "HOST IDENTIFICATION HAS CHANGED", "No host key")
 _NET = ("Could not resolve", "Connection refused", "Connection timed out", "No route to host",
-        "Network is unreachable", "Connection closed by", "timed out during banner")  # fmt: skip
+        "Network is unreachable", "Connection closed by", "timed out during banner",
+        "Invalid argument")  # fmt: skip
+_TELLING = (*_AUTH, *_NET[:5], "Invalid argument", "host key is known", "Certificate invalid",
+            "was revoked", "HOST IDENTIFICATION HAS CHANGED", "Offending")  # fmt: skip
+"""Lines of ssh's that say why, ahead of its closing 'Host key verification failed.'"""
 
 
 def ssh_binary() -> str | None:
@@ -186,8 +190,9 @@ def transport_error(name: str, stderr: str) -> TransportError:
     """The typed error for an ``ssh`` that could not run the command, from what it said."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("Warning: Permanently added", "@"))]
-    said = lines[-1] if lines else "ssh exited with 255 before the command ran"
-    detail = f"{name}: ssh: {said}"
+    telling = [ln for ln in lines if any(m in ln for m in _TELLING)]
+    said = (telling or lines or ["ssh exited with 255 before the command ran"])[0]
+    detail = f"{name}: ssh: {said.removeprefix('ssh: ')}"
     for markers, kind in ((_AUTH, AuthError), (_KEY, HostKeyError), (_NET, UnreachableError)):
         if any(m in stderr for m in markers):
             return kind(name, detail)
@@ -298,6 +303,7 @@ class OpenSshConnection(Connection):
         out, err = run.text()
         if run.pid is None and child.returncode == 255:
             raise transport_error(self.name, err)
+        run.release()
         return RemoteResult(self.name, child.returncode, out, err, time.monotonic() - started)
 
     def _start(self, command: str, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
@@ -410,6 +416,8 @@ class _Run:
         self.child, self.on_output = child, on_output
         self.pid: int | None = None
         self.out, self.err, self._head = bytearray(), bytearray(), bytearray()
+        self._held = bytearray()
+        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._pump, args=(child.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._pump, args=(child.stderr, "stderr"), daemon=True),
@@ -425,8 +433,17 @@ class _Run:
             pipe.close()
 
     def _take(self, stream: str, data: bytes) -> None:
+        with self._lock:
+            self._taken(stream, data)
+
+    def _taken(self, stream: str, data: bytes) -> None:
+        """Keep ``data``; pass it on, except stderr before the command started: until then it
+        is ssh's own (a failure becomes one line, :func:`transport_error`)."""
         if stream == "stderr":
             self.err += data
+            if self.pid is None:
+                self._held += data
+                return
         elif self.pid is None:
             self._head += data
             line, sep, rest = self._head.partition(b"\n")
@@ -435,10 +452,17 @@ class _Run:
             self.pid = int(line) if line.strip().isdigit() else -1
             data = bytes(rest)
             self.out += data
+            self.release()
         else:
             self.out += data
         if data and self.on_output:
             self.on_output(stream, data)
+
+    def release(self) -> None:
+        """Pass on the stderr held back (the command started, or ended without a word)."""
+        held, self._held = bytes(self._held), bytearray()
+        if held and self.on_output:
+            self.on_output("stderr", held)
 
     def wait(self, deadline: float | None, cancel: threading.Event | None) -> str:
         """Until the process exited and its output is read: ``done``; or ``timeout`` /

@@ -159,7 +159,14 @@ def test_a_client_other_than_the_three_is_one_line_exit_2() -> None:
 def test_ssh_failures_are_typed_and_named(said: str, kind: type) -> None:
     error = openssh.transport_error("h1", f"Warning: Permanently added 'h1'\n{said}\n")
     assert type(error) is kind
-    assert error.detail == f"h1: ssh: {said}"
+    assert error.detail == f"h1: ssh: {said.removeprefix('ssh: ')}"
+
+
+def test_the_line_that_says_why_is_kept_not_sshs_closing_one() -> None:
+    said = "No ED25519 host key is known for h1 and you have requested strict checking.\n"
+    error = openssh.transport_error("h1", "@@@@\n" + said + "Host key verification failed.\n")
+    assert type(error) is HostKeyError
+    assert error.detail == f"h1: ssh: {said.strip()}"
 
 
 # ---------------------------------------------------------------- run, through a stand-in ssh
@@ -177,8 +184,14 @@ def test_run_gives_the_commands_exit_code_output_and_env(fake_ssh: Path, tmp_pat
 
 def test_a_remote_255_is_the_commands_and_ssh_own_255_a_typed_fault(fake_ssh: Path) -> None:
     assert connection().run(["sh", "-c", "exit 255"]).exit_code == 255
+    seen: list[bytes] = []
     with pytest.raises(UnreachableError, match=r"refused: ssh: .*Connection refused"):
-        connection("refused").run(["true"])
+        connection("refused").run(["true"], on_output=lambda stream, data: seen.append(data))
+    assert seen == []  # ssh's own words are the error's line, not the command's output
+    said = connection().run(
+        ["sh", "-c", "echo early >&2; exit 4"], on_output=lambda s, d: seen.append(d)
+    )
+    assert said.exit_code == 4 and seen == [b"early\n"]
     with pytest.raises(AuthError, match=r"denied: ssh: .*Permission denied"):
         connection("denied").run(["true"])
 
