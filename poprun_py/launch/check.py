@@ -126,6 +126,7 @@ def run_check(
     """Launch the check on every planned instance (through ``backend``, default the plan's)
     and judge the reports."""
     from poprun_py.launch import launcher
+    from poprun_py.process.output import remove_job_dir
 
     lines: list[str] = []
     lock = threading.Lock()
@@ -140,6 +141,8 @@ def run_check(
     started = time.monotonic()
     checked = check_prep(prep, timeout, torch)
     result = launcher.launch(checked, launcher.RunSettings(sink=sink), backend=backend)
+    if result.job_dir:  # a failed check's files (the report says what failed): not kept
+        remove_job_dir(result.job_dir)
     report = judge(checked.plan, parse_lines(lines), result)
     return replace(report, seconds=time.monotonic() - started)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun_py.launch.launcher import JOBS_ROOT
 from poprun_py.providers import netns_data
 from poprun_py.providers.netns import TestCluster
 from tests.hostfixtures import MakeCluster
@@ -120,6 +121,7 @@ def test_a_spare_that_fails_the_check_does_not_replace_a_lost_host(
     data_link(cluster, 2, up=False)  # the first spare cannot reach MASTER_ADDR
     more = ["--max-restarts", "1", "--host-timeout", "3s", "--", "sh", "-c", RUN_THEN_END]
     args = check_args(cluster, spec_for(cluster, tmp_path), *more, backend=backend)
+    job_dirs = set(Path(JOBS_ROOT).glob(f"{cluster.name}-*"))
     with stopped_at_the_end(started(args, tmp_path, env=dict(os.environ))) as run:
         try:
             run.wait_for(r"attempt 0 1 on", 1)
@@ -135,6 +137,7 @@ def test_a_spare_that_fails_the_check_does_not_replace_a_lost_host(
     assert f"spare host {s1} takes the place" not in err
     assert sorted(re.findall(r"attempt 1 (\d) on (\S+)", out)) == [("0", h0), ("1", s2)], out
     assert re.search(rf"attempt 1: ok \({s2} in place of {h1}\)", err), err
+    assert set(Path(JOBS_ROOT).glob(f"{cluster.name}-*")) == job_dirs  # the failed check's too
     only_sshd(cluster, settle=15.0)
 
 
