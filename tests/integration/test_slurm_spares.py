@@ -141,7 +141,7 @@ def test_a_spare_that_fails_the_check_does_not_replace_a_failed_node(
     job = re.findall(r"\d+", granted.stderr + granted.stdout)[0]
     env = {**slurm_env, "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": f"{a},{b},{spare}"}
     env["COLUMNS"] = "200"  # the summary's table on one line a row
-    check = ("--check", "--check-timeout", "3")
+    check = ("--check", "--check-timeout", "3", "-o", str(tmp_path / "logs"))  # kept there
     try:
         with unreachable(node_spare, node_a.address):  # MASTER_ADDR is a's
             code, out, err = run_losing_a_node(slurm_cluster, env, tmp_path, *check)
