@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
     from poprun_py.render.job import RenderedJob
     from poprun_py.ssh.connection import Connection, RemoteResult
+    from poprun_py.ssh.errors import TransportError
     from poprun_py.ssh.hostresult import HostResult
     from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.settings import SshSettings
@@ -148,8 +149,11 @@ class AgentConnection:
     """One host's agent over a :class:`~poprun_py.agent.stream.Stream`; ``run`` works like
     :meth:`Connection.run` until the job."""
 
-    def __init__(self, name: str, stream: Stream):
+    def __init__(
+        self, name: str, stream: Stream, failure: Callable[[], TransportError] | None = None
+    ):
         self.name, self.stream = name, stream
+        self.failure = failure  # why the transport failed, before the agent said a word
         self.buffer = b""
         self.answered = False
         self.given_job = False  # the agent got its job: it exits after it, never reused
@@ -161,15 +165,19 @@ class AgentConnection:
     def start(cls, conn: Connection) -> AgentConnection:
         """Start the agent on a new channel of ``conn`` (an ``ssh`` process of its own over
         OpenSSH) and send it its code."""
-        from poprun_py.ssh.openssh import OpenSshConnection
+        from poprun_py.ssh.openssh import OpenSshConnection, ssh_failure
 
-        stream: Stream
-        if isinstance(conn, OpenSshConnection):
-            stream = ProcessStream(conn.spawn(over_stdin()))
-        else:
+        if not isinstance(conn, OpenSshConnection):
             stream = ChannelStream(conn.start(over_stdin()))
-        stream.write(payload("agent").data)
-        return cls(conn.name, stream)
+            stream.write(payload("agent").data)
+            return cls(conn.name, stream)
+        process = ProcessStream(conn.spawn(over_stdin()))
+        agent = cls(conn.name, process, lambda: ssh_failure(conn.name, process))
+        try:
+            process.write(payload("agent").data)
+        except OSError:  # ssh ended: it could not connect, or the host refused
+            raise agent.lost() from None
+        return agent
 
     def run(
         self,
@@ -214,7 +222,10 @@ class AgentConnection:
             deadline = None if wait is None else time.monotonic() + wait
             self._requests += 1
             ident = self._requests
-            self.send(verb + b" " + json.dumps({"id": ident, **body}).encode())
+            try:
+                self.send(verb + b" " + json.dumps({"id": ident, **body}).encode())
+            except OSError:
+                raise self.lost() from None
             return self._reply(ident, deadline)
 
     def send(self, line: bytes) -> None:
@@ -235,7 +246,7 @@ class AgentConnection:
         return data, ended and not self.stream.ready()
 
     def _reply(self, ident: int, deadline: float | None) -> Any:
-        from poprun_py.ssh.errors import ConnectionLost, RemoteTimeout
+        from poprun_py.ssh.errors import RemoteTimeout
 
         while True:
             while b"\n" in self.buffer:
@@ -251,7 +262,16 @@ class AgentConnection:
             data, ended = self.receive()
             self.buffer += data
             if ended and b"\n" not in self.buffer:
-                raise ConnectionLost(self.name, self.why_ended())
+                raise self.lost()
+
+    def lost(self) -> TransportError:
+        """The error for a stream that ended: the transport's own failure when the agent never
+        answered (over OpenSSH: ssh's refusal, typed), else ConnectionLost."""
+        from poprun_py.ssh.errors import ConnectionLost
+
+        if self.failure is not None and not self.answered:
+            return self.failure()
+        return ConnectionLost(self.name, self.why_ended())
 
     def why_ended(self) -> str:
         """A one-line reason why the agent's stream ended early."""

@@ -223,6 +223,14 @@ class ProcessStream:
             if self.process.stderr is not None and not self._stderr.is_alive():
                 self.process.stderr.close()
 
+    def said(self, wait: float = 2.0) -> str:
+        """All of the process's stderr that was kept, once it has exited (``wait`` seconds at
+        most)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(wait)
+        self._stderr.join(wait)
+        return self.stderr.decode("utf-8", "replace")
+
     def last_words(self) -> str:
         """The last line of the process's stderr."""
         self._stderr.join(0.2 if self.process.poll() is not None else 0.0)

@@ -42,7 +42,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import Fault, PreflightError
@@ -150,14 +151,17 @@ def over_openssh(connections: Iterable[Connection]) -> str:
     return "over OpenSSH's ssh: " + "; ".join(parts)
 
 
-def ssh_argv(host: HostSpec, settings: SshSettings, command: str) -> list[str]:
+def ssh_argv(
+    host: HostSpec, settings: SshSettings, command: str, known: Sequence[Path] = ()
+) -> list[str]:
     """The OpenSSH client's argv to run the remote shell line ``command`` on ``host``."""
-    return [*ssh_options(host, settings), "--", host.name, command]
+    return [*ssh_options(host, settings, known), "--", host.name, command]
 
 
-def ssh_options(host: HostSpec, settings: SshSettings) -> list[str]:
+def ssh_options(host: HostSpec, settings: SshSettings, known: Sequence[Path] = ()) -> list[str]:
     """``ssh`` and its options for ``host``, without the host and command (for ``rsync -e``,
-    and ``-s`` for a subsystem)."""
+    and ``-s`` for a subsystem). With ``--known-hosts``, the host's known_hosts files are
+    ``known`` (its Endpoint's: that file, then the configuration's), as over Paramiko."""
     argv = [ssh_binary() or "ssh"]
     if settings.ssh_config is not None:
         argv += ["-F", str(settings.ssh_config)]
@@ -173,8 +177,9 @@ def ssh_options(host: HostSpec, settings: SshSettings) -> list[str]:
     if identity:
         argv += ["-o", f"IdentityFile={_word(tilde(identity))}", "-o", "IdentitiesOnly=yes"]
     if settings.known_hosts is not None:
-        mine = _word(str(settings.known_hosts))
-        argv += ["-o", f"UserKnownHostsFile={mine} ~/.ssh/known_hosts ~/.ssh/known_hosts2"]
+        files = known or (settings.known_hosts, Path("~/.ssh/known_hosts"))
+        words = " ".join(_word(str(path)) for path in files)
+        argv += ["-o", f"UserKnownHostsFile={words}"]
     if settings.accept_new_host_keys:
         argv += ["-o", "StrictHostKeyChecking=accept-new"]
     argv += ["-o", f"ConnectTimeout={max(1, math.ceil(settings.connect_timeout))}"]
@@ -197,6 +202,27 @@ def transport_error(name: str, stderr: str) -> TransportError:
         if any(m in stderr for m in markers):
             return kind(name, detail)
     return ConnectionLost(name, detail)
+
+
+class SaidStream(Protocol):
+    """A stream of an ``ssh`` process (:class:`~poprun_py.agent.stream.ProcessStream`)."""
+
+    process: subprocess.Popen[bytes]
+
+    def said(self, wait: float = 2.0) -> str:
+        """What ssh said on stderr, once it exited."""
+
+
+def ssh_failure(name: str, stream: SaidStream) -> TransportError:
+    """Why an agent's ``ssh`` ended before the agent answered: ssh's own failure (exit 255)
+    typed from what it said, else the remote command's last words (no python3...)."""
+    said = stream.said()
+    if stream.process.returncode == 255:
+        return transport_error(name, said)
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+    if lines:
+        return ConnectionLost(name, f"the agent on host {name} ended: {lines[-1]}")
+    return ConnectionLost(name, f"the connection to host {name} closed")
 
 
 class OpenSshConnection(Connection):
@@ -227,6 +253,10 @@ class OpenSshConnection(Connection):
         """The connect timeout."""
         return self.settings.connect_timeout
 
+    def options(self) -> list[str]:
+        """``ssh`` and its options for this host (:func:`ssh_options`)."""
+        return ssh_options(self.host, self.settings, self.endpoint.known_hosts)
+
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, *, report_pid: bool = False
     ) -> subprocess.Popen[bytes]:
@@ -256,7 +286,7 @@ class OpenSshConnection(Connection):
 
         with self._lock:
             if self._sftp is None:
-                argv = [*ssh_options(self.host, self.settings), "-s", "--", self.host.name, "sftp"]
+                argv = [*self.options(), "-s", "--", self.host.name, "sftp"]
                 pipe = _PipeSocket(self._popen(argv))
                 try:
                     self._sftp = paramiko.SFTPClient(pipe)  # type: ignore[arg-type]  # send/recv
@@ -307,7 +337,7 @@ class OpenSshConnection(Connection):
         return RemoteResult(self.name, child.returncode, out, err, time.monotonic() - started)
 
     def _start(self, command: str, env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
-        child = self._popen(ssh_argv(self.host, self.settings, command))
+        child = self._popen([*self.options(), "--", self.host.name, command])
         if env:
             with contextlib.suppress(OSError):
                 os.write(_stdin_fd(child), env_block(env))

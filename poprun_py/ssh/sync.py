@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from poprun_py.errors import BackendError, Fault, PreflightError, UsageError
-from poprun_py.ssh.openssh import OpenSshConnection, ssh_options
+from poprun_py.ssh.openssh import OpenSshConnection
 
 if TYPE_CHECKING:
     import paramiko
@@ -299,7 +299,7 @@ def _openssh_shell(conn: Connection) -> str | None:
     splits the string as a shell would); None for a Paramiko one."""
     if not isinstance(conn, OpenSshConnection):
         return None
-    return shlex.join(ssh_options(conn.host, conn.settings))
+    return shlex.join(conn.options())
 
 
 def rsync_argv(

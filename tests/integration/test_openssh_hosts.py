@@ -166,3 +166,23 @@ def test_openssh_without_an_ssh_client_is_one_line_and_exit_3(
         lines = done.stderr.strip().splitlines()
         assert any("no ssh client on PATH" in line for line in lines), done.stderr
     assert sessions_started(test_cluster_4) == before
+
+
+def test_an_unreachable_host_over_openssh_is_a_preflight_fault(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    text = spec.read_text().replace(
+        "hosts:\n", "hosts:\n  - {name: gone, address: 198.18.255.254}\n", 1
+    )
+    spec.write_text(text)
+    done = poprun(
+        "launch", "-c", str(spec), "-b", "ssh", "--ssh-client", "openssh",
+        "--connect-timeout", "2", "--", "true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "preflight failed on gone: reachable: gone: ssh: " in done.stderr
+    assert "nothing was started" in done.stderr
+    assert settled(test_cluster_4) == {}
+    assert ssh_clients_using(test_cluster_4.ssh_config) == []

@@ -86,7 +86,10 @@ def test_flags_and_the_host_spec_come_first_as_ssh_options() -> None:
     pairs = {words[i + 1] for i, w in enumerate(words) if w == "-o"}
     assert {"BatchMode=yes", "HostName=10.0.0.9", 'IdentityFile="/k/my key"'} <= pairs
     assert {"IdentitiesOnly=yes", "StrictHostKeyChecking=accept-new", "ConnectTimeout=3"} <= pairs
-    assert "UserKnownHostsFile=/lab/kh ~/.ssh/known_hosts ~/.ssh/known_hosts2" in pairs
+    assert "UserKnownHostsFile=/lab/kh ~/.ssh/known_hosts" in pairs
+    known = [Path("/lab/kh"), Path("/cfg/known hosts")]  # the Endpoint's: also the config's
+    again = ssh_argv(host, settings, "true", known)
+    assert 'UserKnownHostsFile=/lab/kh "/cfg/known hosts"' in again
     assert words[words.index("-l") + 1] == "ops" and words[words.index("-p") + 1] == "2200"
 
 
@@ -292,3 +295,16 @@ def test_preflight_names_the_hosts_over_openssh_and_why() -> None:
     assert openssh.over_openssh([one, two, three]) == (
         "over OpenSSH's ssh: h[1-2] (test); h3 (KnownHostsCommand)"
     )
+
+
+def test_an_agent_whose_ssh_is_refused_is_an_auth_fault_not_a_broken_pipe(fake_ssh: Path) -> None:
+    with pytest.raises(AuthError, match=r"denied: ssh: .*Permission denied"):
+        AgentConnection.start(connection("denied")).run(["true"], timeout=10.0)
+
+
+def test_an_agent_that_ends_on_the_host_gives_its_last_words(
+    fake_ssh: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("poprun_py.agent.client.over_stdin", lambda: ["sh", "-c", "echo gone >&2"])
+    with pytest.raises(ConnectionLost, match="the agent on host h1 ended: gone"):
+        AgentConnection.start(connection()).run(["true"], timeout=10.0)
