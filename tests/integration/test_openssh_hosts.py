@@ -7,6 +7,7 @@ behind, on the hosts (process search in their namespaces) nor here (no ``ssh`` c
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -186,3 +187,67 @@ def test_an_unreachable_host_over_openssh_is_a_preflight_fault(
     assert "nothing was started" in done.stderr
     assert settled(test_cluster_4) == {}
     assert ssh_clients_using(test_cluster_4.ssh_config) == []
+
+
+def _launch_sleepers(spec: Path, tmp_path: Path) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "launch", "-c", str(spec), "-b", "ssh",
+         "--ssh-client", "openssh", "-n", "4", "--", "sleep", "300"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    return child
+
+
+def _until_running(cluster: TestCluster, child: subprocess.Popen[str]) -> list[int]:
+    """The launch's four ssh processes, once every host runs its instance."""
+    from poprun_py.providers.netns import host_pids
+
+    deadline = time.monotonic() + 30
+    while True:
+        sleeping = [
+            pid
+            for host in cluster.hosts
+            for pid in host_pids(host.netns)
+            if Path(f"/proc/{pid}/comm").exists()
+            and Path(f"/proc/{pid}/comm").read_text().strip() == "sleep"
+        ]
+        if len(sleeping) == 4:
+            return ssh_children_of(child.pid)
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr
+        time.sleep(0.1)
+
+
+def test_a_host_whose_ssh_ends_is_lost_at_once_and_everything_stops(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    child = _launch_sleepers(spec, tmp_path)
+    ssh = _until_running(test_cluster_4, child)
+    assert len(ssh) == 4
+    victim = ssh[0]
+    words = Path(f"/proc/{victim}/cmdline").read_bytes().decode().split("\0")
+    host = words[words.index("--") + 1]  # ssh ... -- HOST LINE
+    os.kill(victim, signal.SIGKILL)
+    started = time.monotonic()
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 255, err
+    assert time.monotonic() - started < 2 + 3 + 2  # the grace period, plus 3 s
+    assert host in err and "lost" in err, err
+    assert settled(test_cluster_4) == {}
+    assert ssh_clients_using(test_cluster_4.ssh_config) == []
+
+
+def test_poprun_killed_outright_leaves_nothing_over_openssh(
+    test_cluster_4: TestCluster, tmp_path: Path
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    child = _launch_sleepers(spec, tmp_path)
+    assert len(_until_running(test_cluster_4, child)) == 4
+    child.kill()  # SIGKILL: ssh's stdin ends, each agent reads EOF and stops its instance
+    child.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while ssh_clients_using(test_cluster_4.ssh_config) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ssh_clients_using(test_cluster_4.ssh_config) == []
+    assert settled(test_cluster_4, 15.0) == {}
