@@ -308,3 +308,18 @@ def test_an_agent_that_ends_on_the_host_gives_its_last_words(
     monkeypatch.setattr("poprun_py.agent.client.over_stdin", lambda: ["sh", "-c", "echo gone >&2"])
     with pytest.raises(ConnectionLost, match="the agent on host h1 ended: gone"):
         AgentConnection.start(connection()).run(["true"], timeout=10.0)
+
+
+@pytest.mark.parametrize("where", ["flag", "spec"])
+def test_a_bad_client_is_one_line_exit_2_before_any_host(tmp_path: Path, where: str) -> None:
+    spec = tmp_path / "lab.yaml"
+    client = "  client: putty\n" if where == "spec" else ""
+    spec.write_text(f"name: lab\nssh:\n  known_hosts: /dev/null\n{client}hosts: [{{name: h1}}]\n")
+    flag = ["--ssh-client", "putty"] if where == "flag" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "poprun_py", "exec", "-c", str(spec), *flag, "--", "true"],
+        capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--ssh-client must be auto, paramiko or openssh" in lines[0]
