@@ -337,3 +337,28 @@ def test_check_and_mpiexec_over_openssh(lab: Lab) -> None:
         assert f"on {host.name}" in done.stdout
     assert ssh_clients_using(lab.khc_config) == []
     assert _only_extra_sshd(lab)
+
+
+def test_up_and_down_of_a_static_cluster_over_openssh(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from poprun_py.providers.setup import MARKER_ROOT
+    from tests.integration.test_provision_local import hosts_home
+
+    monkeypatch.setenv("POPRUN_PY_STATE_DIR", str(lab.dir / "state"))
+    name = f"ko{os.getpid()}"
+    spec = lab.dir / "static.yaml"
+    names = "".join(f"  - name: {h.name}\n" for h in lab.cluster.hosts)
+    spec.write_text(f"name: {name}\nprovider: {{kind: static}}\nsetup: hostname\nhosts:\n{names}")
+    flags = ["--ssh-config", str(lab.khc_config), "--connect-timeout", "5"]
+    refused = poprun(lab, "up", str(spec), *flags, "--ssh-client", "paramiko",
+                     "--wait-timeout", "2")  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    went_up = poprun(lab, "up", str(spec), *flags)
+    assert went_up.returncode == 0, went_up.stderr
+    marker = hosts_home() / MARKER_ROOT / name  # the hosts share this machine's filesystem
+    assert sorted(p.name for p in marker.iterdir()) == sorted(h.name for h in lab.cluster.hosts)
+    went_down = poprun(lab, "down", str(spec), *flags)
+    assert went_down.returncode == 0, went_down.stderr
+    assert not marker.exists()
+    assert ssh_clients_using(lab.khc_config) == []
