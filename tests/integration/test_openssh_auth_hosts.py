@@ -362,3 +362,31 @@ def test_up_and_down_of_a_static_cluster_over_openssh(
     assert went_down.returncode == 0, went_down.stderr
     assert not marker.exists()
     assert ssh_clients_using(lab.khc_config) == []
+
+
+def test_connection_sharing_with_controlmaster(lab: Lab) -> None:
+    """``ControlMaster``/``ControlPath`` (Paramiko has no such thing): auto takes OpenSSH, the
+    commands share each host's master connection, and the master ends ``ControlPersist``
+    after the last one."""
+    cm = lab.dir / "cm"
+    cm.mkdir(exist_ok=True)
+    config = lab.dir / "cm_config"
+    config.write_text(
+        lab.khc_config.read_text().replace(
+            "  StrictHostKeyChecking yes\n",
+            f"  StrictHostKeyChecking yes\n  ControlMaster auto\n  ControlPath {cm}/%C\n"
+            "  ControlPersist 2\n",
+        )
+    )
+    common = ("--ssh-config", str(config), "--hosts", lab.names)
+    for _ in range(2):
+        done = poprun(lab, "exec", *common, "--", "true")
+        assert done.returncode == 0, done.stderr
+    launched = poprun(lab, "launch", "-b", "ssh", *common, "-n", "2", "--", "true")
+    assert launched.returncode == 0, launched.stderr
+    assert "(KnownHostsCommand, ControlMaster, ControlPath)" in launched.stderr
+    deadline = time.monotonic() + 20  # the masters persist 2 s after their last session
+    while ssh_clients_using(config) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ssh_clients_using(config) == []
+    assert _only_extra_sshd(lab)
