@@ -25,6 +25,8 @@ Example:
 'ConnectTimeout=4', '--', 'n1', 'exec true']
     >>> needs_openssh({"hostbasedauthentication": ["yes"], "controlmaster": ["false"]})
     ('HostbasedAuthentication yes',)
+    >>> needs_openssh({"gssapiauthentication": ["yes"]}, kerberos=False)  # Debian's default
+    ()
     >>> choose("auto", ("KnownHostsCommand",))
     ('openssh', 'KnownHostsCommand')
     >>> choose("auto", ())
@@ -87,21 +89,34 @@ def require_client(client: str) -> None:
         raise PreflightError([Fault("localhost", "ssh client", why)])
 
 
-def needs_openssh(options: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
-    """What in a host's resolved options (``ssh -G``'s, lower-case keys) Paramiko cannot do."""
+def kerberos_here() -> bool:
+    """True if this machine has Kerberos to offer (a ticket cache or a krb5 configuration):
+    without it, ``GSSAPIAuthentication yes`` (Debian's system default for every host) gets
+    no one in."""
+    uid = os.getuid()
+    return bool(os.environ.get("KRB5CCNAME") or os.environ.get("KRB5_CONFIG")) or any(
+        Path(p).exists() for p in ("/etc/krb5.conf", f"/tmp/krb5cc_{uid}")
+    )
+
+
+def needs_openssh(
+    options: Mapping[str, Sequence[str]], kerberos: bool | None = None
+) -> tuple[str, ...]:
+    """What in a host's resolved options (``ssh -G``'s, lower-case keys) Paramiko cannot do;
+    ``GSSAPIAuthentication yes`` only where Kerberos is here (``kerberos``, else
+    :func:`kerberos_here`)."""
 
     def first(key: str) -> str:
         values = options.get(key) or ("",)
         return values[0].strip()
 
-    why = [
-        f"{name} yes"
-        for key, name in (
-            ("hostbasedauthentication", "HostbasedAuthentication"),
-            ("gssapiauthentication", "GSSAPIAuthentication"),
-        )
-        if first(key).lower() in _YES
-    ]
+    why = (
+        ["HostbasedAuthentication yes"] if first("hostbasedauthentication").lower() in _YES else []
+    )
+    if first("gssapiauthentication").lower() in _YES and (
+        kerberos_here() if kerberos is None else kerberos
+    ):
+        why.append("GSSAPIAuthentication yes")
     for key, name, off in (
         ("knownhostscommand", "KnownHostsCommand", ("", "none")),
         ("pkcs11provider", "PKCS11Provider", ("", "none")),

@@ -111,8 +111,14 @@ def test_flags_and_the_host_spec_come_first_as_ssh_options() -> None:
 def test_auto_takes_openssh_for_what_paramiko_cannot_do(
     options: dict[str, list[str]], why: str
 ) -> None:
-    assert needs_openssh(options) == (why,)
-    assert choose("auto", needs_openssh(options)) == ("openssh", why)
+    assert needs_openssh(options, kerberos=True) == (why,)
+    assert choose("auto", needs_openssh(options, kerberos=True)) == ("openssh", why)
+
+
+def test_gssapi_without_kerberos_here_keeps_paramiko() -> None:
+    """Debian's /etc/ssh/ssh_config sets GSSAPIAuthentication yes for every host: without a
+    Kerberos configuration or ticket here it gets no one in, and Paramiko stays."""
+    assert needs_openssh({"gssapiauthentication": ["yes"]}, kerberos=False) == ()
 
 
 def test_ssh_g_defaults_need_nothing_and_keep_paramiko() -> None:
