@@ -251,3 +251,24 @@ def test_poprun_killed_outright_leaves_nothing_over_openssh(
         time.sleep(0.1)
     assert ssh_clients_using(test_cluster_4.ssh_config) == []
     assert settled(test_cluster_4, 15.0) == {}
+
+
+@pytest.mark.parametrize("how", ["timeout", "SIGINT"])
+def test_exec_stopped_over_openssh_leaves_nothing(
+    test_cluster_4: TestCluster, tmp_path: Path, how: str
+) -> None:
+    spec = spec_for(test_cluster_4, tmp_path)
+    limit = ["--timeout", "2"] if how == "timeout" else []
+    child = subprocess.Popen(
+        [sys.executable, "-m", "poprun_py", "exec", "-c", str(spec), "--ssh-client", "openssh",
+         *limit, "--", "sleep", "300"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    if how == "SIGINT":
+        _until_running(test_cluster_4, child)
+        child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == (124 if how == "timeout" else 130), err
+    assert settled(test_cluster_4) == {}
+    assert ssh_clients_using(test_cluster_4.ssh_config) == []
