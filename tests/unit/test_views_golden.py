@@ -24,7 +24,7 @@ from poprun_py.launch.summary import fault_lines, summary_lines
 from poprun_py.prepare.job import LaunchOptions, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN_DIR = ROOT / "tests" / "golden"
+GOLDEN_DIR = ROOT / "tests" / "golden" / "views"
 WIDTH = 80
 
 
