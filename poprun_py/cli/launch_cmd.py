@@ -247,6 +247,7 @@ def _launch(
     """Run the job; the summary: ``before`` (the check's swaps), then each attempt (``fmt``
     json: one JSON object, the last line on stdout, in place of the table)."""
     from poprun_py.cli.machine import launch_dict
+    from poprun_py.core.result import LastWords
     from poprun_py.errors import Interrupted, LaunchFailed
     from poprun_py.launch import launcher
 
@@ -261,14 +262,14 @@ def _launch(
         sync=sync,
         on_running=on_running,
         keep_job_dir=keep,
+        last_words=LastWords(),
     )
     from poprun_py.launch.check import spare_check
 
     check = spare_check(prep.long_run)  # --check: a spare passes it before a restart uses it
-    from poprun_py.launch.summary import stderr_tail
-
-    with _warnings_to_stderr(), lr.announcing(sys.stderr), stderr_tail() as tail:
+    with _warnings_to_stderr(), lr.announcing(sys.stderr):
         result = launcher.launch(prep, settings, check=check)  # each restart told as it comes
+    tail = settings.last_words.lines if settings.last_words else {}
     attempts = [*(before or ()), *lr.attempt_lines(result)]
     if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
         attempts.append(f"the job's files are kept in {result.job_dir}")  # else removed

@@ -151,6 +151,26 @@ OutputSink = Callable[[int, str, str], None]
 """Called with (instance index, stream name ``stdout``/``stderr``, one line without newline)."""
 
 
+class LastWords:
+    """Each instance's last non-empty stderr line, as output routes it (every backend): the
+    failure summary's ``detail`` when the backend has none of its own.
+
+    >>> words = LastWords()
+    >>> for stream, line in [("stderr", b"boom"), ("stderr", b"  "), ("stdout", b"x")]:
+    ...     words.note(3, stream, line)
+    >>> words.lines
+    {3: 'boom'}
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[int, str] = {}
+
+    def note(self, index: int, stream: str, line: bytes) -> None:
+        """Keep ``line`` if it is a non-empty stderr line of an instance (not the launcher's)."""
+        if stream == "stderr" and index >= 0 and line.strip():
+            self.lines[index] = line.decode("utf-8", "replace")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run: where logs go, whose output to show, how long to wait before SIGKILL."""
@@ -164,6 +184,7 @@ class RunOptions:
     extra: dict[str, str] = field(default_factory=dict)
     attempt: int = 0  # the restart count: logs of a later attempt are appended to
     progress: Watch | None = None  # told of every instance's output (hang detection)
+    last_words: LastWords | None = None  # keeps each instance's last stderr line
 
 
 @dataclass(frozen=True)
@@ -176,3 +197,4 @@ class RunSettings:
     sync: bool = False
     on_running: Callable[[int], None] | None = None  # told when attempt k's instances all run
     keep_job_dir: bool = False  # keep a successful job's directory (else removed)
+    last_words: LastWords | None = None  # keeps each instance's last stderr line (summary)

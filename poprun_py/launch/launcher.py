@@ -116,6 +116,7 @@ def run_options(prep: Prepared, settings: RunSettings) -> RunOptions:
         sink=settings.sink,
         connect_timeout=prep.connect_timeout,
         host_timeout=prep.host_timeout,
+        last_words=settings.last_words,
     )
 
 

@@ -2,8 +2,8 @@
 table style of :mod:`poprun_py.core.look`, ``ROOT CAUSE`` in red on a terminal), its ``detail``
 column naming what the instance said last on stderr when the backend gave no detail of its own.
 
-:func:`stderr_tail` watches the instances' stderr lines as the default sink prints them
-(``[host:index] line``) and keeps each instance's last one.
+The last stderr lines come from :class:`~poprun_py.core.result.LastWords`, which output
+routing fills on every backend (``RunSettings.last_words``).
 
 Example:
 
@@ -19,11 +19,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import re
-import sys
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from poprun_py.core import look
@@ -36,8 +32,6 @@ ROW_LIMIT = 64
 """Instances shown in the summary; the rest are counted (``--output-dir`` keeps every log)."""
 
 COLUMNS = ("instance", "host", "state", "code", "detail")
-
-_PREFIXED = re.compile(r"\[([^\]\s]+):(\d+)\] (.*)")
 
 
 def summary_lines(
@@ -100,47 +94,3 @@ def print_faults(faults: Sequence[Fault], stream: TextIO) -> None:
     """Write :func:`fault_lines` to ``stream``, fitted to its width, in colour on a terminal."""
     width, colour = look.output_width(stream), look.use_colour(stream)
     look.write_lines(stream, fault_lines(faults, width, colour))
-
-
-class _Tap:
-    """A text stream that passes everything to ``inner`` and keeps the last line each
-    instance's default-sink prefix (``[host:index] line``) carried."""
-
-    def __init__(self, inner: TextIO, last: dict[int, str]) -> None:
-        self._inner = inner
-        self._last = last
-        self._partial = ""
-        self._lock = threading.Lock()  # the instances' reader threads write at once
-
-    def write(self, text: str) -> int:
-        self._inner.write(text)
-        with self._lock:
-            *whole, self._partial = (self._partial + text).split("\n")
-        for line in whole:
-            match = _PREFIXED.fullmatch(line)
-            if match and match.group(3).strip():
-                self._last[int(match.group(2))] = match.group(3)
-        return len(text)
-
-    def __getattr__(self, name: str) -> object:  # flush, isatty, fileno, encoding, ...
-        return getattr(self._inner, name)
-
-
-@contextlib.contextmanager
-def stderr_tail() -> Iterator[dict[int, str]]:
-    """While inside, every instance's last non-empty stderr line, by instance index (as the
-    default sink prints it on ``sys.stderr``); ``sys.stderr`` is restored afterwards.
-
-    >>> with stderr_tail() as last:
-    ...     _ = sys.stderr.write("[h1:3] Traceback (most recent call last):\\n[h1:3] boom\\n")
-    >>> last
-    {3: 'boom'}
-    """
-    last: dict[int, str] = {}
-    inner = sys.stderr
-    sys.stderr = _Tap(inner, last)
-    try:
-        yield last
-    finally:
-        if isinstance(sys.stderr, _Tap):
-            sys.stderr = inner

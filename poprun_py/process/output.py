@@ -63,6 +63,7 @@ class Output:
         self._dir = options.output_dir
         self._launcher = launcher
         self._progress = options.progress
+        self._last_words = options.last_words
         self._append = bool(options.attempt)  # a restart's logs follow the last's
         if self._dir is not None:
             _logs_dir(str(self._dir))
@@ -90,6 +91,9 @@ class Output:
         kept = [x for x in lines if not is_marker(x)]
         if not kept:
             return
+        if self._last_words is not None:
+            for line in kept:
+                self._last_words.note(index, stream, line)
         log = self._logs.get(index)
         if log is None and index == LAUNCHER_INDEX and self._dir is not None:
             log = self._logs[index] = self._open(f"{self._launcher}.log")

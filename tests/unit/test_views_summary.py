@@ -4,13 +4,13 @@ first, and the ``detail`` of a failed instance naming its last stderr line."""
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 
 from poprun_py.cli import run
-from poprun_py.core.result import InstanceResult, LaunchResult
-from poprun_py.launch.summary import ROW_LIMIT, print_summary, stderr_tail, summary_lines
+from poprun_py.core.result import InstanceResult, LastWords, LaunchResult, RunOptions
+from poprun_py.launch.summary import ROW_LIMIT, print_summary, summary_lines
+from poprun_py.process.output import LAUNCHER_INDEX, Output
 
 FAIL_SECOND = (
     'if [ "$POPDIST_INSTANCE_INDEX" = 1 ]; then echo starting >&2; echo boom >&2; exit 3; fi; '
@@ -36,18 +36,18 @@ def test_a_failed_launch_shows_the_last_stderr_line_as_its_detail(
     assert "[localhost:1] boom" in err  # the output itself is shown as before
 
 
-def test_the_tail_keeps_each_instances_last_line_and_passes_everything_on() -> None:
-    seen = io.StringIO()
-    real, sys.stderr = sys.stderr, seen
-    try:
-        with stderr_tail() as last:
-            sys.stderr.write("[h1:0] one\n[node-2:12] Traceback\n[node-2:12] boom")
-            sys.stderr.write("\n[launcher] not an instance\npoprun-py: attempt 1\n[h1:0]   \n")
-        assert sys.stderr is seen
-    finally:
-        sys.stderr = real
-    assert last == {0: "one", 12: "boom"}
-    assert seen.getvalue().count("\n") == 6
+def test_output_keeps_each_instances_last_stderr_line_on_every_route() -> None:
+    words = LastWords()
+    shown: list[tuple[int, str, str]] = []
+    options = RunOptions(sink=lambda i, s, line: shown.append((i, s, line)), last_words=words)
+    out = Output(options, {0: "h1", 12: "node-2"})
+    out.emit_lines(0, "stderr", (b"one",))
+    out.emit_lines(12, "stderr", (b"Traceback", b"boom", b"   "))
+    out.emit_lines(0, "stdout", (b"not stderr",))
+    out.emit_lines(LAUNCHER_INDEX, "stderr", (b"the launcher's own",))
+    out.close()
+    assert words.lines == {0: "one", 12: "boom"}
+    assert len(shown) == 6  # everything is still shown
 
 
 def test_root_cause_is_red_on_a_terminal_and_plain_when_piped(
