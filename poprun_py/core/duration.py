@@ -50,5 +50,6 @@ def _seconds(text: str, value: str, flag: str) -> float:
         or "".join(n + u for n, u in parts) != value
         or (len(parts) > 1 and not all(u for _, u in parts))
     ):
-        raise UsageError(f"{flag}: {text!r} is not a duration (e.g. 90s, 45m, 2h)")
+        where = f"{flag}: " if flag else ""  # none: the caller names where it was
+        raise UsageError(f"{where}{text!r} is not a duration (e.g. 90s, 45m, 2h)")
     return sum(float(n) * _UNIT[u] for n, u in parts)

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ _HOST = Obj(
     },
     required=("name",),
 )
+_DURATION = Either((Float(), Str(min_len=1)))  # seconds, or 90s/45m/2h: see _durations
+_AT_LEAST_0 = ("grace_period", "restart_delay")  # the other durations are more than 0
 _DEFAULTS = Obj(
     {
         "backend": OneOf(tuple(REGISTRY)),
@@ -87,15 +90,15 @@ _DEFAULTS = Obj(
         "numa_aware": Bool(),
         "group_size": Int(ge=1),
         "mpi_args": ListOf(Str(), default=()),
-        "grace_period": Float(ge=0),
+        "grace_period": _DURATION,
         "master_port": _PORT,
         "python": Str(min_len=1),
-        "connect_timeout": Float(gt=0),
+        "connect_timeout": _DURATION,
         "max_restarts": Int(ge=0),
-        "restart_delay": Float(ge=0),
-        "timeout": Str(min_len=1),
-        "hang_timeout": Float(gt=0),
-        "host_timeout": Either((Float(gt=0), Str(min_len=1))),  # seconds, or 90s/45m/2h
+        "restart_delay": _DURATION,
+        "timeout": _DURATION,
+        "hang_timeout": _DURATION,
+        "host_timeout": _DURATION,
         "min_progress": Int(ge=1),
         "progress_file": Str(min_len=1),
         "forward_signals": Str(min_len=1),
@@ -237,11 +240,7 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
     _guard(lambda: check_unique(names), lines, source, ("hosts",))
     _guard(lambda: check_unique(names + [h.name for h in spares]), lines, source, ("spares",))
     d = model.defaults
-    timeout = None
-    if d.timeout is not None:
-        from poprun_py.core.duration import parse_duration
-
-        timeout = _guard(lambda: parse_duration(d.timeout), lines, source, ("defaults", "timeout"))
+    seconds = _durations(d, lines, source)
     return ClusterSpec(
         name=model.name,
         hosts=tuple(hosts),
@@ -257,20 +256,15 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
             numa_aware=d.numa_aware,
             group_size=d.group_size,
             mpi_args=tuple(d.mpi_args),
-            grace_period=d.grace_period,
+            grace_period=seconds["grace_period"],
             master_port=d.master_port,
             python=d.python,
-            connect_timeout=d.connect_timeout,
+            connect_timeout=seconds["connect_timeout"],
             max_restarts=d.max_restarts,
-            restart_delay=d.restart_delay,
-            timeout=timeout,
-            hang_timeout=d.hang_timeout,
-            host_timeout=_guard(
-                lambda: _seconds(d.host_timeout, "host_timeout"),
-                lines,
-                source,
-                ("defaults", "host_timeout"),
-            ),
+            restart_delay=seconds["restart_delay"],
+            timeout=seconds["timeout"],
+            hang_timeout=seconds["hang_timeout"],
+            host_timeout=seconds["host_timeout"],
             strict_shards=d.strict_shards,
             min_progress=d.min_progress,
             progress_file=d.progress_file,
@@ -286,11 +280,28 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
     )
 
 
-def _seconds(value: float | str | None, key: str) -> float | None:
-    """A duration given as seconds or as text (``90s``, ``45m``, ``2h``); None if absent."""
-    from poprun_py.core.duration import parse_duration
+def _durations(d: Any, lines: dict[tuple[Any, ...], int], source: str) -> dict[str, float | None]:
+    """Every duration of ``defaults``, in seconds (None if absent): a number of seconds or text
+    as on the command line (``90s``, ``45m``, ``2h``); 0 is allowed for ``_AT_LEAST_0`` only."""
+    keys = ("grace_period", "connect_timeout", "restart_delay", "timeout", "hang_timeout")
+    found: dict[str, float | None] = {}
+    for key in (*keys, "host_timeout"):
+        value = getattr(d, key)
+        check = functools.partial(_seconds, value, key in _AT_LEAST_0)
+        found[key] = _guard(check, lines, source, ("defaults", key))
+    return found
 
-    return parse_duration(value, key) if isinstance(value, str) else value
+
+def _seconds(value: float | str | None, zero: bool) -> float | None:
+    """``value`` in seconds; UsageError when it is not a duration in range (0 too: ``zero``)."""
+    from poprun_py.core.duration import duration_seconds
+
+    if value is None:
+        return None
+    seconds = duration_seconds(value, "") if isinstance(value, str) else float(value)
+    if seconds < 0 or (seconds == 0 and not zero):
+        raise UsageError(f"{value!r} must be {'0 or more' if zero else 'more than 0'}")
+    return seconds
 
 
 def _network(text: str | None) -> str | None:

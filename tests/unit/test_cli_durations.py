@@ -1,12 +1,15 @@
-"""Every duration of every command takes one syntax (90s, 45m, 2h, or seconds), and a bad one
-is one line naming the flag (issue 22, item 4)."""
+"""Every duration of every command, and of a cluster spec's defaults, takes one syntax (90s,
+45m, 2h, or seconds), and a bad one is one line naming the flag or key (issue 22, item 4)."""
+
+from pathlib import Path
 
 import pytest
 
 from poprun_py.cli import run
 from poprun_py.cli.durations import DURATION, DURATION_TEXT, SLURM_TIME
 from poprun_py.core.duration import duration_seconds
-from poprun_py.errors import UsageError
+from poprun_py.errors import SpecError, UsageError
+from poprun_py.prepare.specfile import load_cluster
 
 
 @pytest.mark.parametrize(
@@ -48,3 +51,39 @@ def test_render_passes_a_duration_to_slurm_in_its_form(capsys: pytest.CaptureFix
     assert run(["render", "--backend", "slurm", "-H", "n[1-2]", "--time", "2h", "t.py"]) == 0
     script = capsys.readouterr().out
     assert "#SBATCH --time=2:00:00" in script and "--time=2:00:00 --" in script
+
+
+SPEC_DURATIONS = ("grace_period", "connect_timeout", "restart_delay", "timeout", "hang_timeout")
+
+
+@pytest.mark.parametrize("key", [*SPEC_DURATIONS, "host_timeout"])
+def test_a_spec_duration_takes_the_same_syntax(key: str, tmp_path: Path) -> None:
+    spec = tmp_path / "c.yaml"
+    for given, seconds in (("90s", 90.0), ("2h", 7200.0), ("30", 30.0), ("1.5", 1.5)):
+        spec.write_text(f"name: c\nhosts:\n  - name: localhost\ndefaults:\n  {key}: {given}\n")
+        assert getattr(load_cluster(spec).defaults, key) == seconds, given
+
+
+@pytest.mark.parametrize(
+    ("key", "given", "fault"),
+    [
+        ("hang_timeout", "5x", "'5x' is not a duration (e.g. 90s, 45m, 2h)"),
+        ("hang_timeout", "0", "0.0 must be more than 0"),
+        ("grace_period", "-1s", "'-1s' must be 0 or more"),
+        ("timeout", "soon", "'soon' is not a duration (e.g. 90s, 45m, 2h)"),
+    ],
+)
+def test_a_bad_spec_duration_is_one_line_naming_the_key(
+    key: str, given: str, fault: str, tmp_path: Path
+) -> None:
+    spec = tmp_path / "c.yaml"
+    spec.write_text(f"name: c\nhosts:\n  - name: localhost\ndefaults:\n  {key}: {given}\n")
+    with pytest.raises(SpecError) as caught:
+        load_cluster(spec)
+    assert str(caught.value) == f"{spec}:5: defaults.{key}: {fault}"
+
+
+def test_zero_is_a_duration_only_where_it_means_something(tmp_path: Path) -> None:
+    spec = tmp_path / "c.yaml"
+    spec.write_text("name: c\nhosts:\n  - name: localhost\ndefaults:\n  restart_delay: 0s\n")
+    assert load_cluster(spec).defaults.restart_delay == 0.0
