@@ -491,9 +491,11 @@ def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
     Exits when stdin ends or stays silent for ``idle`` seconds (poprun-py is gone).
     """
     data = b""
+    poll = select.poll()  # not select(): it cannot take a descriptor above 1023
+    poll.register(fd, select.POLLIN)
     while True:
         while b"\n" not in data:
-            ready, _, _ = select.select([fd], [], [], idle)
+            ready = poll.poll(idle * 1000)
             chunk = os.read(fd, 65536) if ready else b""
             if not chunk:
                 sys.exit(0)

@@ -2,6 +2,12 @@
 (which also resolves that host's ssh configuration), and reused for everything a launch does
 (preflight, sync, exec, launch). Hosts behind the same jump host share one connection to it.
 
+Every host has its own worker (up to :data:`MAX_WORKERS`), so a long command on one host does not
+hold back the others, but at most :data:`CONNECT_WINDOW` of them resolve and connect at once:
+a host's connect timeout counts from when its own attempt starts, so on a busy machine a host
+that only waited for a slot is not reported unreachable. A pool raises ``RLIMIT_NOFILE`` to its
+hard limit (:func:`raise_nofile_limit`): a thousand hosts need more than 1,024 descriptors.
+
 Example::
 
     with ConnectionPool(hosts, SshSettings(known_hosts=Path("known_hosts"))) as pool:
@@ -10,11 +16,15 @@ Example::
 
     >>> ConnectionPool([], SshSettings()).connect_all()
     {}
+    >>> import resource; soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    >>> soft == hard or hard == resource.RLIM_INFINITY
+    True
 """
 
 from __future__ import annotations
 
 import contextlib
+import resource
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +40,28 @@ from poprun_py.ssh.hostresult import HostResult
 from poprun_py.ssh.settings import SshSettings
 
 T = TypeVar("T")
+
+CONNECT_WINDOW = 64
+"""At most this many hosts of a pool resolve their configuration and connect at once (as
+clush's default fanout): a thousand handshakes at once on a few cores would each be slow enough
+to time out."""
+MAX_WORKERS = 4096
+"""Workers of a pool: one per host up to this many (past it, a host waits for a free worker)."""
+NOFILE_FALLBACK = 1 << 20
+"""The soft ``RLIMIT_NOFILE`` asked for when the hard limit is unlimited."""
+
+
+def raise_nofile_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; the soft limit now.
+
+    Each host takes a socket (Paramiko) or three pipes (OpenSSH): 1,024 hosts pass the usual
+    soft limit of 1,024. Where the limit cannot be raised, it stays as it was."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = NOFILE_FALLBACK if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class _Gate:
@@ -71,16 +103,24 @@ class _Aborted(Exception):
 class ConnectionPool:
     """Connections to many hosts, opened in parallel and reused; a context manager."""
 
-    def __init__(self, hosts: Sequence[HostSpec], settings: SshSettings, max_workers: int = 64):
+    def __init__(
+        self,
+        hosts: Sequence[HostSpec],
+        settings: SshSettings,
+        max_workers: int = MAX_WORKERS,
+        window: int = CONNECT_WINDOW,
+    ):
         names = [h.name for h in hosts]
         if len(set(names)) != len(names):
             raise UsageError("a host is listed twice")
+        raise_nofile_limit()
         self.hosts = tuple(hosts)
         self.settings = settings
         self.connections: dict[str, Connection] = {}
         self.errors: dict[str, TransportError] = {}
         self._context = Context(settings)
         self._workers = max(1, min(max_workers, len(self.hosts)))
+        self._window = threading.BoundedSemaphore(max(1, window))
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -124,7 +164,8 @@ class ConnectionPool:
         if conn is not None:
             return conn
         try:
-            conn = connect(host, self.settings, self._context)
+            with self._window:  # its timeouts start here, once it has a slot
+                conn = connect(host, self.settings, self._context)
         except TransportError as exc:
             with self._lock:
                 self.errors[host.name] = exc
@@ -138,9 +179,14 @@ class ConnectionPool:
         """Resolve every host's ssh configuration, in parallel, before anything connects: a bad
         config is a UsageError naming its file and line, and nothing has started."""
         todo = [h for h in self.hosts if h.name not in self.connections]
-        for outcome in self._parallel(self._context.resolver.endpoint, todo):
+        for outcome in self._parallel(self._resolve, todo):
             if outcome.fault is not None:
                 raise outcome.fault
+
+    def _resolve(self, host: HostSpec) -> object:
+        """Resolve ``host``'s configuration (``ssh -G``: a process) within the window."""
+        with self._window:
+            return self._context.resolver.endpoint(host)
 
     def require_direct(self, why: str) -> None:
         """Raise PreflightError (one fault) if any host is configured behind a ProxyJump."""
@@ -217,12 +263,11 @@ class ConnectionPool:
         if len(todo) > self._workers:
             self.resolve_all()
             return self._open, gate
-        resolver = self._context.resolver
 
         def opener(host: HostSpec) -> Connection:
             if host.name in gate.waiting:
                 try:
-                    resolver.endpoint(host)
+                    self._resolve(host)
                 except BaseException as exc:
                     gate.arrive(host.name, exc)
                     raise
