@@ -49,7 +49,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +61,7 @@ from poprun_py.core.result import InstanceState, LaunchResult, RunOptions, RunSe
 from poprun_py.core.stacks import Hang
 from poprun_py.errors import OWN_CODES, PoprunError, PreflightError
 from poprun_py.hostside import private
+from poprun_py.hostside.supervision import readable
 from poprun_py.launch.clocks import Clocks, describe
 from poprun_py.prepare.job import LongRun, Prepared, spares_only, with_hosts_replaced
 from poprun_py.process.progress import Progress
@@ -232,7 +232,7 @@ class Attempts:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            select.select([self.control.wake_fd], [], [], left)
+            readable([self.control.wake_fd], left)  # poll: fds above 1023 too
             self.control.drain()
         return not self.control.interrupted
 

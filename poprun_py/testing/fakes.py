@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from poprun_py.core.result import (
     RunSettings,
 )
 from poprun_py.errors import Fault, PreflightError
+from poprun_py.hostside.supervision import readable
 from poprun_py.process.progress import FAULTHANDLER, is_marker
 from poprun_py.providers.base import ProvisionContext
 from poprun_py.providers.records import Node, ProvisionRecord, Resource
@@ -223,7 +223,7 @@ class FakeRunning:
                 self._kill()
             if len(self.results) == len(self.hosts):
                 break
-            select.select([self.control.wake_fd], [], [], self._timeout())
+            readable([self.control.wake_fd], self._timeout())  # poll: fds above 1023 too
             self.control.drain()
             for signum in self.control.take_forwards():
                 self.signal(signum)

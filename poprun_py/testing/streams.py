@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import IO
 
 from poprun_py.agent.stream import DIAGNOSTICS_KEPT, last_line
+from poprun_py.hostside.supervision import readable
 
 AGENT = (sys.executable, "-m", "poprun_py.hostside.agent")
 """The real agent, run from this checkout (no bootstrap: the tests are about the stream)."""
@@ -145,7 +145,7 @@ class FakePeer:
         deadline = time.monotonic() + timeout
         while b"\n" not in self.received:
             left = deadline - time.monotonic()
-            if self.eof or left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            if self.eof or left <= 0 or not readable([self.sock], left):
                 return None
             chunk = self.sock.recv(65536)
             self.eof = not chunk
