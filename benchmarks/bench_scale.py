@@ -1,0 +1,311 @@
+"""Scale: ``exec true`` (and ``launch --backend ssh true``) on 256 and 1,024 test hosts, poprun-py
+over both transports beside clush (flat, its default fanout) and pdsh (``-R ssh``, its default
+fanout), in one run on this machine. Prints wall time, local CPU per host and max RSS per tool.
+
+The test hosts (issue 24): one network namespace holding N addresses in 198.19.0.0/20 (inside the
+198.18.0.0/15 test range; the netns provider's clusters use 198.18.X.0/24), each answered by its
+own sshd (one sshd process per address, bound to it alone). The root namespace reaches them
+through one veth pair and one route via the namespace's end, so there is no bridge (which takes
+at most 1,024 ports) and one neighbour entry instead of N (the kernel's default neighbour table
+overflows at 1,024). This is honest for what is measured, the client: every host is a distinct
+address and a distinct sshd, so every tool makes N TCP connections, N key exchanges, N
+authentications and N sessions, and nothing is shared between hosts on the client side. What is
+not real: the hosts' sshds run on the same 2 cores as the tool, so the hosts' work (the same for
+every tool) slows every tool alike.
+
+Logins are as a test user made for the run, ``poprunbench``, whose login shell is /bin/sh (dash)
+with no rc files, so the shell does no extra work (root's ~/.bashrc costs ~0.1 s of CPU a login).
+
+Local CPU is the tool's and every process it started (its ssh clients): ``wait4``'s rusage of
+the tool's process tree. Max RSS is the largest single process of that tree (``ru_maxrss``), not
+the sum: for pdsh and clush, each host's ssh client is a process of its own.
+
+Needs root; removes everything it made (namespace, veth, sshds, user, files) at the end, and
+``--cleanup`` removes what a killed run left. Not a test: run it by hand.
+
+Usage:
+
+    python benchmarks/bench_scale.py [--hosts 256 1024] [--runs 1] [--launch] [--tools ...]
+    python benchmarks/bench_scale.py --cleanup
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from installed import compile_package, console_script  # noqa: E402
+
+NETNS = "poprun-bench-scale"
+VETH_ROOT, VETH_NS = "pbscale0", "pbscale1"
+LINK_ROOT, LINK_NS = "198.19.254.1", "198.19.254.2"
+HOST_NET = "198.19.0.0/20"
+USER = "poprunbench"
+SSHD = "/usr/sbin/sshd"
+PER_SUBNET = 250
+READY_TIMEOUT = 120.0
+TOOL_TIMEOUT = 600.0
+
+
+def address(index: int) -> str:
+    """The address of host ``index`` (0-based): 198.19.0.1, ..., 198.19.0.250, 198.19.1.1..."""
+    return f"198.19.{index // PER_SUBNET}.{index % PER_SUBNET + 1}"
+
+
+def name(index: int) -> str:
+    return f"sc{index + 1}"
+
+
+def run(*argv: str, stdin: str | None = None, check: bool = True) -> str:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}... failed: {done.stderr.strip()[-300:]}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------- the test hosts
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """What the tools need: the ssh config naming every host, and how many there are."""
+
+    directory: Path
+    count: int
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.directory / "ssh_config"
+
+
+def make_user(directory: Path) -> None:
+    home = directory / "home"
+    home.mkdir()
+    run("useradd", "-M", "-d", str(home), "-s", "/bin/sh", "-p", "*", USER)  # "*": not locked
+    shutil.chown(home, USER, USER)
+
+
+def make_keys(directory: Path) -> list[str]:
+    """A host key (every sshd's) and a client key; the authorized_keys file; the host key's
+    public line."""
+    for key in ("host_key", "client_key"):
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key))
+    (directory / "authorized_keys").write_text((directory / "client_key.pub").read_text())
+    return (directory / "host_key.pub").read_text().split()[:2]
+
+
+def make_network(count: int) -> None:
+    run("ip", "netns", "add", NETNS)
+    run("ip", "link", "add", VETH_ROOT, "type", "veth", "peer", "name", VETH_NS, "netns", NETNS)
+    run("ip", "addr", "add", f"{LINK_ROOT}/30", "dev", VETH_ROOT)
+    run("ip", "link", "set", VETH_ROOT, "up")
+    batch = [f"addr add {LINK_NS}/30 dev {VETH_NS}", f"link set {VETH_NS} up", "link set lo up"]
+    batch += [f"addr add {address(i)}/32 dev lo" for i in range(count)]
+    run("ip", "-n", NETNS, "-batch", "-", stdin="\n".join(batch) + "\n")
+    run("ip", "route", "add", HOST_NET, "via", LINK_NS)
+
+
+def sshd_config(directory: Path) -> Path:
+    lines = [
+        "Port 22",
+        f"HostKey {directory / 'host_key'}",
+        f"AuthorizedKeysFile {directory / 'authorized_keys'}",
+        f"AllowUsers {USER}",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "UseDNS no",
+        "StrictModes no",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "X11Forwarding no",
+        "LogLevel ERROR",
+    ]
+    path = directory / "sshd_config"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_sshds(directory: Path, count: int) -> None:
+    """One daemonizing sshd per address, four started at a time; wait for every pid file."""
+    config, pids = sshd_config(directory), directory / "pids"
+    pids.mkdir()
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    script = (
+        f"exec {SSHD} -f {config} -E {directory / 'sshd.log'} "
+        f'-o ListenAddress="$1" -o PidFile={pids}/"$1".pid'
+    )
+    addresses = "\n".join(address(i) for i in range(count)) + "\n"
+    # The hosts get a /tmp of their own (one tmpfs in a mount namespace), as separate machines
+    # would: the launcher's /tmp/poprun-py-0 here is root's, not the test user's.
+    start = 'mount -t tmpfs tmpfs /tmp && exec xargs -P 4 -n 1 sh -c "$0" sh'
+    run("ip", "netns", "exec", NETNS, "unshare", "--mount", "--propagation", "private",
+        "sh", "-c", start, script, stdin=addresses)  # fmt: skip
+    deadline = time.monotonic() + READY_TIMEOUT
+    while len(list(pids.iterdir())) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(list(pids.iterdir()))} of {count} sshds started")
+        time.sleep(0.1)
+
+
+def client_files(directory: Path, count: int, host_key: list[str]) -> None:
+    head = [
+        "Host sc*",
+        f"  User {USER}",
+        f"  IdentityFile {directory / 'client_key'}",
+        "  IdentitiesOnly yes",
+        f"  UserKnownHostsFile {directory / 'known_hosts'}",
+        "  GlobalKnownHostsFile /dev/null",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+    ]
+    blocks = [f"Host {name(i)}\n  HostName {address(i)}" for i in range(count)]
+    (directory / "ssh_config").write_text("\n".join(head + blocks) + "\n")
+    known = [f"{name(i)},{address(i)} {host_key[0]} {host_key[1]}" for i in range(count)]
+    (directory / "known_hosts").write_text("\n".join(known) + "\n")
+
+
+def create(count: int) -> Hosts:
+    cleanup()  # what a killed run left
+    directory = Path(tempfile.mkdtemp(prefix="poprun-bench-scale-", dir="/var/tmp"))  # not /tmp
+    directory.chmod(0o755)  # the test user reaches its home under it
+    hosts = Hosts(directory, count)
+    try:
+        make_user(directory)
+        host_key = make_keys(directory)
+        make_network(count)
+        start_sshds(directory, count)
+        client_files(directory, count, host_key)
+    except BaseException:
+        cleanup(directory)
+        raise
+    return hosts
+
+
+def cleanup(directory: Path | None = None) -> None:
+    """Stop every process in the namespace, remove it (its veth and route go with it), the
+    user and ``directory``."""
+    if NETNS in run("ip", "netns", "list", check=False).split():
+        for _ in range(50):
+            pids = [int(p) for p in run("ip", "netns", "pids", NETNS, check=False).split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        run("ip", "netns", "del", NETNS, check=False)
+    run("ip", "link", "del", VETH_ROOT, check=False)
+    run("userdel", USER, check=False)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the tools
+
+
+def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
+    cfg, expr = str(hosts.ssh_config), f"sc[1-{count}]"
+    env = dict(os.environ)
+    exec_argv = [*console_script(), "exec", "-H", expr, "--ssh-config", cfg]
+    cmds = {
+        "poprun-py exec": ([*exec_argv, "--", "true"], env),
+        "poprun-py exec (openssh)": ([*exec_argv, "--ssh-client", "openssh", "--", "true"], env),
+    }
+    if launch:
+        launch_argv = [*console_script(), "launch", "--backend", "ssh", "-H", expr]
+        cmds["poprun-py launch ssh"] = ([*launch_argv, "--ssh-config", cfg, "true"], env)
+    clush = shutil.which("clush", path=str(Path(sys.executable).parent)) or shutil.which("clush")
+    if clush:
+        cmds["clush (flat)"] = ([clush, "-S", "-w", expr, "-o", f"-F {cfg}", "true"], env)
+    if shutil.which("pdsh"):
+        pdsh_env = {**env, "PDSH_SSH_ARGS": f"-F {cfg} -x %h"}
+        cmds["pdsh -R ssh"] = (["pdsh", "-S", "-R", "ssh", "-w", expr, "true"], pdsh_env)
+    return cmds
+
+
+@dataclass(frozen=True)
+class Measured:
+    wall: float
+    cpu: float
+    max_rss_mib: float
+    exit_code: int
+    said: str
+
+
+def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
+    """Run one tool; wall time, and CPU and max RSS of its whole process tree (wait4)."""
+    with open(log, "w+") as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        lines = [line.strip() for line in out if line.strip()]
+    cpu = usage.ru_utime + usage.ru_stime
+    said = f"{len(lines)} lines; first: {lines[0][:100]}" if lines else ""
+    if proc.returncode != 0:
+        print("\n".join(f"    {line}" for line in lines[:12]), file=sys.stderr)
+    return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said)
+
+
+def row(count: int, label: str, got: Measured) -> str:
+    result = "ok" if got.exit_code == 0 else f"exit {got.exit_code}: {got.said}"
+    per_host = 1000 * got.cpu / count
+    return (
+        f"| {count:,} | {label} | {got.wall:.2f} s | {per_host:.1f} ms | "
+        f"{got.max_rss_mib:.0f} MiB | {result} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--launch", action="store_true", help="also launch --backend ssh true")
+    parser.add_argument("--tools", nargs="*", help="only the tools whose label has one of these")
+    parser.add_argument("--cleanup", action="store_true", help="remove a killed run's leftovers")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench_scale needs root (network namespace, sshd, a test user)")
+    if args.cleanup:
+        cleanup()
+        return
+    compile_package()
+    most = max(args.hosts)
+    t0 = time.perf_counter()
+    hosts = create(most)
+    print(f"{most:,} test hosts up in {time.perf_counter() - t0:.1f} s ({hosts.directory})")
+    try:
+        print("| hosts | tool | wall | local CPU per host | max RSS | result |")
+        print("|---|---|---|---|---|---|")
+        for count in sorted(args.hosts):
+            cmds = tools(hosts, count, args.launch)
+            for _ in range(args.runs):
+                for label, (argv, env) in cmds.items():
+                    if args.tools and not any(t in label for t in args.tools):
+                        continue
+                    got = measure(argv, env, hosts.directory / "tool.log")
+                    print(row(count, label, got), flush=True)
+        print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hosts'")
+        print("sshds share these cores with the tools (the same work for every tool)")
+    finally:
+        cleanup(hosts.directory)
+
+
+if __name__ == "__main__":
+    main()
