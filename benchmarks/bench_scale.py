@@ -223,11 +223,11 @@ def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], 
     exec_argv = [*console_script(), "exec", "-H", expr, "--ssh-config", cfg]
     cmds = {
         "poprun-py exec": ([*exec_argv, "--", "true"], env),
-        "poprun-py exec (openssh)": ([*exec_argv, "--ssh-client", "openssh", "--", "true"], env),
+        "poprun-py exec/openssh": ([*exec_argv, "--ssh-client", "openssh", "--", "true"], env),
     }
     if launch:
         launch_argv = [*console_script(), "launch", "--backend", "ssh", "-H", expr]
-        cmds["poprun-py launch ssh"] = ([*launch_argv, "--ssh-config", cfg, "true"], env)
+        cmds["poprun-py launch/ssh"] = ([*launch_argv, "--ssh-config", cfg, "true"], env)
     clush = shutil.which("clush", path=str(Path(sys.executable).parent)) or shutil.which("clush")
     if clush:
         cmds["clush (flat)"] = ([clush, "-S", "-w", expr, "-o", f"-F {cfg}", "true"], env)
@@ -263,6 +263,14 @@ def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
     return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said)
 
 
+def available_mib() -> int:
+    """MemAvailable from /proc/meminfo, in MiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
 def row(count: int, label: str, got: Measured) -> str:
     result = "ok" if got.exit_code == 0 else f"exit {got.exit_code}: {got.said}"
     per_host = 1000 * got.cpu / count
@@ -277,7 +285,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--launch", action="store_true", help="also launch --backend ssh true")
-    parser.add_argument("--tools", nargs="*", help="only the tools whose label has one of these")
+    parser.add_argument("--tools", nargs="*", help="only these tools (labels as printed)")
     parser.add_argument("--cleanup", action="store_true", help="remove a killed run's leftovers")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -287,9 +295,10 @@ def main() -> None:
         return
     compile_package()
     most = max(args.hosts)
-    t0 = time.perf_counter()
+    t0, free = time.perf_counter(), available_mib()
     hosts = create(most)
-    print(f"{most:,} test hosts up in {time.perf_counter() - t0:.1f} s ({hosts.directory})")
+    took, used = time.perf_counter() - t0, free - available_mib()
+    print(f"{most:,} test hosts up in {took:.1f} s, using {used:,} MiB ({hosts.directory})")
     try:
         print("| hosts | tool | wall | local CPU per host | max RSS | result |")
         print("|---|---|---|---|---|---|")
@@ -297,7 +306,7 @@ def main() -> None:
             cmds = tools(hosts, count, args.launch)
             for _ in range(args.runs):
                 for label, (argv, env) in cmds.items():
-                    if args.tools and not any(t in label for t in args.tools):
+                    if args.tools and label not in args.tools:
                         continue
                     got = measure(argv, env, hosts.directory / "tool.log")
                     print(row(count, label, got), flush=True)
