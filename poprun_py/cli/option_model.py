@@ -1,4 +1,4 @@
-"""What the option catalog (:data:`poprun_py.cli.options.OPTIONS`) gives besides the typer
+"""What the option catalog (:data:`poprun_py.core.options.OPTIONS`) gives besides the typer
 parameters: :class:`~poprun_py.prepare.job.LaunchOptions` from the parsed parameters, the argv
 that runs the same launch again (the Slurm batch job's body), and the part of a detached job's
 record that the client does not act on itself.

@@ -1,15 +1,12 @@
-"""Every option of ``plan``, ``render``, ``launch`` and ``check``, and the options other commands
-share with them (the SSH group, ``--hosts``, ``--cluster``, ``--format``), each described once
-in :data:`OPTIONS`: name, flags, type, default, help, cluster spec key, the commands that take
-it, and how it passes into the Slurm batch job and a detached job's record. Commands take them
-with :func:`takes`; :mod:`poprun_py.cli.option_model` derives the rest, and
-:mod:`poprun_py.cli.reference` the reference (docs/cli.md).
+"""The option catalog as typer parameters: the entries of :data:`OPTIONS` (described once, as
+data, in :mod:`poprun_py.core.options`) become each command's options with :func:`takes`
+(:func:`annotated`: flags, help, click types), the SSH ones one :class:`SshOptions`;
+:mod:`poprun_py.cli.option_model` derives the rest, and :mod:`poprun_py.cli.reference` the
+reference (docs/cli.md).
 
 Example:
 
-    >>> from poprun_py.cli.options import OPTIONS, SSH_FLAGS, ssh_options
-    >>> OPTIONS["hosts"].decls, OPTIONS["host_timeout"].spec_key
-    (('--hosts', '-H'), 'defaults.host_timeout')
+    >>> from poprun_py.cli.options import SSH_FLAGS, ssh_options
     >>> [f.decls[0] for f in SSH_FLAGS if "jobs" in f.commands]
     ['--connect-timeout', '--known-hosts', '--ssh-config', '--ssh-client', '--identity', '--user']
     >>> ssh = ssh_options({"user": "ops", "hosts": "h1", "connect_timeout": 3.0})
@@ -22,260 +19,20 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import Annotated, Any, Optional, Union, get_args
+from dataclasses import fields
+from typing import Annotated, Any
 
 import typer
 from typer._click.types import ParamType
 
 from poprun_py.cli.durations import DURATION, DURATION_TEXT, SLURM_TIME
+from poprun_py.core.options import EVERY, H_SSH, LAUNCHING, OPTIONS, Flag, Int, taken_by
 from poprun_py.core.spec import SshOptions
 
-H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
-H_HW, H_SLURM, H_LONG, H_ONE_KEY = "Hardware and network", "Slurm", "Long runs", "Provisioning"
-LAUNCHING = ("plan", "render", "launch", "check")
-REMOTE = (*LAUNCHING, "exec", "sync")
-EVERY = (*REMOTE, "jobs", "up", "down")
-TARGETING = (*REMOTE, "jobs", "logs", "stop", "wait")
-"""Commands naming their hosts with ``--hosts``/``--cluster``."""
-
-Str = Optional[str]  # noqa: UP045 - typer needs Optional on 3.10
-Int = Optional[int]  # noqa: UP045
-Float = Optional[float]  # noqa: UP045
-Bool = Optional[bool]  # noqa: UP045 - --x/--no-x: None when neither is given
-Strs = Optional[list[str]]  # noqa: UP045 - repeatable
+__all__ = ["EVERY", "H_SSH", "LAUNCHING", "OPTIONS", "Flag", "Int", "taken_by"]  # and what is here
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One option: its parameter name, flags (none: the ``PROGRAM`` argument), type, default,
-    help panel and help; the cluster spec key it comes before; the commands that take it;
-    why the Slurm batch job's ``launch`` does not get it (``batch``) and why a detached job's
-    record leaves it out (``detach``), empty when they do; ``field``: it is a
-    :class:`~poprun_py.prepare.job.LaunchOptions` field (else the record's ``cli`` part);
-    ``path``: ``"path"`` or ``"@"`` (a path after ``@``) is made absolute when passed on;
-    ``duration``: the value is a duration (90s, 45m, 2h, or seconds): seconds for a float
-    option, the checked text for a str one (``slurm_time``: Slurm's forms, or a duration made
-    Slurm's, :data:`~poprun_py.cli.durations.SLURM_TIME`). The help says the default in words
-    (typer's own ``[default: ...]`` is off: one default shown, once)."""
-
-    name: str
-    decls: tuple[str, ...]
-    type: Any
-    default: Any
-    panel: str | None
-    help: str
-    spec_key: str | None = None
-    commands: tuple[str, ...] = LAUNCHING
-    batch: str = ""
-    detach: str = ""
-    field: bool = True
-    metavar: str | None = None
-    path: str = ""
-    duration: bool = False
-
-    @property
-    def annotated(self) -> Any:
-        """The typer parameter: ``Annotated[type, typer.Option(...)]`` (or ``Argument``)."""
-        if not self.decls:
-            return Annotated[self.type, typer.Argument(help=self.help)]
-        kind: ParamType | None = SLURM_TIME if self.name == "slurm_time" else None
-        if self.duration:
-            kind = DURATION_TEXT if self.base is str else DURATION
-        option = typer.Option(
-            *self.decls,
-            rich_help_panel=self.panel,
-            help=self.help,
-            metavar=self.metavar,
-            show_default=False,
-            click_type=kind,
-        )
-        return Annotated[self.type, option]
-
-    @property
-    def base(self) -> Any:
-        """The type without ``Optional``: ``int``, ``bool``, ``list[str]``..."""
-        args = [a for a in get_args(self.type) if a is not type(None)]
-        return args[0] if args and getattr(self.type, "__origin__", None) is Union else self.type
-
-    @property
-    def many(self) -> bool:
-        """Repeatable: a list given, a tuple in LaunchOptions."""
-        return getattr(self.base, "__origin__", None) is list
-
-
-# fmt: off
-_ENTRIES = (
-    Flag("program", (), Strs, None, None, "The program and its arguments; everything after "
-         "PROGRAM is passed on.", batch="it goes last, after '--'"),
-    Flag("hosts", ("--hosts", "-H"), Str, None, H_HOSTS, "Hosts: h1,h2 | node[01-16] | "
-         "@hostfile ('host slots=N'). Default: the cluster spec's hosts, else the Slurm "
-         "allocation, else localhost.", "hosts", TARGETING, path="@",
-         batch="passed on only when the batch job asks for those very nodes (--nodelist); "
-         "otherwise the allocation's nodes are the hosts"),
-    Flag("cluster", ("--cluster", "-c"), Str, None, H_HOSTS, "Cluster spec YAML file.",
-         commands=TARGETING, path="path"),
-    Flag("replicas", ("--replicas", "-r"), Int, None, H_SIZE, "Total replicas (default: one "
-         "per instance).", "defaults.replicas"),
-    Flag("instances", ("--instances", "-n"), Int, None, H_SIZE, "Total instances (default: "
-         "hostfile slots, else one per host).", "defaults.instances"),
-    Flag("devices_per_replica", ("--devices-per-replica", "-d"), Int, None, H_SIZE, "Devices "
-         "per replica (default 1).", "defaults.devices_per_replica"),
-    Flag("numa_aware", ("--numa-aware/--no-numa-aware",), Bool, None, H_SIZE, "Bind instances "
-         "to their share of each host's NUMA nodes (default on).", "defaults.numa_aware"),
-    Flag("group_size", ("--group-size", "-g"), Int, None, H_SIZE, "Replica groups of this "
-         "size, kept within a host when possible.", "defaults.group_size"),
-    Flag("inputs", ("--input", "-i"), Strs, None, H_SIZE, "Input files: a glob (repeatable), "
-         "a directory (every file under it) or @manifest ('path [size]' lines)."),
-    Flag("eval_pad", ("--eval-pad",), Int, None, H_SIZE, "Pad inputs so every instance gets "
-         "the same number of whole batches.", metavar="BATCH"),
-    Flag("strict_shards", ("--strict-shards/--no-strict-shards",), Bool, None, H_SIZE,
-         "Refuse (exit 2) input shards the plan notes as uneven: an instance with no files, "
-         "or the largest shard over 2x the smallest (default: the spec's, else off).",
-         "defaults.strict_shards"),
-    Flag("env", ("--env", "-e"), Strs, None, H_RUN, "KEY=VALUE for every instance "
-         "(repeatable); KEY alone passes the caller's value as a secret, never printed.", "env"),
-    Flag("backend", ("--backend", "-b"), Str, None, H_RUN, "local | ssh | mpirun | mpiexec | "
-         "slurm (default: local when every host is this machine, slurm inside an allocation, "
-         "else ssh).", "defaults.backend",
-         batch="the batch job runs with --backend slurm, whatever render was given",
-         detach="the record's launch options carry the backend the client resolved"),
-    Flag("workdir", ("--workdir",), Str, None, H_RUN, "Working directory of every instance.",
-         "workdir"),
-    Flag("master_port", ("--master-port",), Int, None, H_RUN, "MASTER_PORT (default: a free "
-         "port locally, 29500 on remote hosts).", "defaults.master_port"),
-    Flag("mpi_args", ("--mpi-args",), Str, None, H_RUN, "Extra launcher options (mpirun, "
-         "mpiexec, srun), as one string (split like a shell would).", "defaults.mpi_args"),
-    Flag("templates", ("--templates",), Str, None, H_RUN, "Directory of Jinja2 templates "
-         "overriding the packaged ones by name.", path="path"),
-    Flag("grace_period", ("--grace-period",), Float, None, H_RUN, "Time between SIGTERM and "
-         "SIGKILL when stopping instances (default: the spec's, else 5s).",
-         "defaults.grace_period", duration=True),
-    Flag("host_timeout", ("--host-timeout",), Str, None, H_RUN, "A host silent this long (90s, "
-         "45m, 2h, or seconds) is lost, and its agent stops its instances when poprun-py is "
-         "silent this long (default: the spec's, else 3m). A closed connection is noticed at "
-         "once.", "defaults.host_timeout", duration=True),
-    Flag("connect_timeout", ("--connect-timeout",), Float, None, H_SSH, "SSH connect timeout "
-         "(default: the cluster spec's, else 10s).", "defaults.connect_timeout", EVERY,
-         duration=True),
-    Flag("accept_new_host_keys", ("--accept-new-host-keys",), bool, False, H_SSH, "Record "
-         "unknown SSH host keys (a changed key is always refused).", None,
-         REMOTE),  # up and down have their own: the provider's trust in fresh static nodes
-    Flag("known_hosts", ("--known-hosts",), Str, None, H_SSH, "Extra known_hosts file "
-         "(default: the cluster spec's, then ~/.ssh).", "ssh.known_hosts", EVERY, path="path"),
-    Flag("ssh_config", ("--ssh-config",), Str, None, H_SSH, "ssh_config file (default: the "
-         "cluster spec's, else ~/.ssh/config).", "ssh.ssh_config", EVERY, path="path"),
-    Flag("ssh_client", ("--ssh-client",), Str, None, H_SSH, "auto | paramiko | openssh: the "
-         "SSH transport (default: the cluster spec's, else auto: OpenSSH's ssh for a host whose "
-         "ssh configuration needs it, such as host-based or GSSAPI authentication or "
-         "KnownHostsCommand, else Paramiko).", "ssh.client", EVERY),
-    Flag("identity", ("--identity",), Str, None, H_SSH, "Private key for hosts that name none.",
-         None, EVERY, path="path"),
-    Flag("user", ("--user", "-l"), Str, None, H_SSH, "Login user for hosts that name none.",
-         None, EVERY),
-    Flag("sync", ("--sync",), bool, False, H_RUN, "Push the program's directory to every host "
-         "before launching.", field=False,
-         detach="the client pushes its files before the supervisor starts"),
-    Flag("fmt", ("--format", "-f"), str, "table", H_OUT, "table | json (default table)", None,
-         (*LAUNCHING, "jobs"), field=False,
-         batch="it says how render prints (a batch script is printed for table only)",
-         detach="it says how the client prints the job's id"),
-    Flag("output_dir", ("--output-dir", "-o"), Str, None, H_OUT, "Write one log per instance "
-         "(instance-N.log) and the job files here.", field=False, path="path",
-         detach="the record carries it, made absolute"),
-    Flag("only_output_from_instance", ("--only-output-from-instance",), Int, None, H_OUT,
-         "Show only this instance's stdout (every instance's errors still show).", field=False),
-    Flag("dry_run", ("--dry-run",), bool, False, H_OUT, "Print the plan and the commands; start "
-         "nothing.", field=False,
-         batch="a dry run prints the plan, never a batch script: the batch job is the launch",
-         detach="a dry run never detaches"),
-    Flag("keep_job_dir", ("--keep-job-dir",), bool, False, H_OUT, "Keep the job's directory "
-         "(shard lists, hostfile) after a successful launch; it is removed otherwise (always "
-         "kept after a failure, and with --output-dir).", field=False),
-    Flag("print_topology", ("--print-topology",), bool, False, H_OUT, "Print the topology table "
-         "before launching.", field=False,
-         detach="the client prints the topology before it detaches"),
-    Flag("slurm_time", ("--time",), Str, None, H_SLURM, "Time limit of the allocation "
-         "--backend slurm asks for: Slurm's own (30 minutes, 1:00:00, 1-12) or a duration "
-         "(90s, 45m, 2h)."),
-    Flag("slurm_partition", ("--partition",), Str, None, H_SLURM, "Slurm partition to allocate "
-         "from."),
-    Flag("slurm_account", ("--account",), Str, None, H_SLURM, "Slurm account to charge."),
-    Flag("network", ("--network",), Str, None, H_HW, "The network instances talk on (e.g. "
-         "10.1.0.0/16): per host the interface with an address in it sets MASTER_ADDR, "
-         "GLOO/NCCL_SOCKET_IFNAME and MPI's interface (default: the spec's network:).",
-         "network", metavar="CIDR"),
-    Flag("device_env", ("--device-env",), Str, None, H_HW, "The variable that lists each "
-         "instance's devices (default: CUDA_VISIBLE_DEVICES for NVIDIA, ROCR/HIP_VISIBLE_DEVICES "
-         "for AMD, the topology's device_env:).", "hosts[].topology.device_env", metavar="NAME"),
-    Flag("nic_affinity", ("--nic-affinity/--no-nic-affinity",), Bool, None, H_HW, "Give each "
-         "instance the RDMA NICs of its NUMA node (NCCL_IB_HCA, UCX_NET_DEVICES)."),
-    Flag("exclude", ("--exclude", "-x"), Str, None, H_HOSTS, "Hosts to leave out "
-         "(h3,node[07-08]) of the spec, hostfile or Slurm allocation.", metavar="HOSTS"),
-    Flag("check", ("--check",), bool, False, H_RUN, "Run `poprun-py check` on the planned "
-         "instances first; launch only if it passes.", field=False,
-         detach="the client runs the check before it detaches"),
-    Flag("check_timeout", ("--check-timeout",), float, 5.0, H_RUN, "How long the check waits "
-         "for every instance (default 5s).", field=False, detach="with --check, on the client",
-         duration=True),
-    Flag("check_torch", ("--check-torch",), bool, False, H_RUN, "The check also runs a "
-         "torch.distributed Gloo all-reduce where torch is importable (importing torch costs "
-         "each instance about a second).", field=False, detach="with --check, on the client"),
-    Flag("max_restarts", ("--max-restarts",), Int, None, H_LONG, "Restart the whole job up to N "
-         "times after a failure (an instance failed, a host was lost, a hang, the time limit); "
-         "never after Ctrl-C/SIGTERM. Instances see POPRUN_RESTART_COUNT and "
-         "TORCHELASTIC_RESTART_COUNT (default: spec, else 0).", "defaults.max_restarts"),
-    Flag("restart_delay", ("--restart-delay",), Float, None, H_LONG, "Time before a restart "
-         "(default: the spec's, else 0).", "defaults.restart_delay", duration=True),
-    Flag("timeout", ("--timeout",), Str, None, H_LONG, "Stop an attempt running longer than "
-         "this (90s, 45m, 2h): 'timed out', exit 124 (default: the spec's, else no limit).",
-         "defaults.timeout", duration=True),
-    Flag("hang_timeout", ("--hang-timeout",), Float, None, H_LONG, "An instance without output "
-         "(or poprun_py.dist.heartbeat()) this long is hung: its stacks are dumped into the "
-         "logs, then the job stops (exit 124; default: the spec's, else never).",
-         "defaults.hang_timeout", duration=True),
-    Flag("min_progress", ("--min-progress",), Int, None, H_LONG, "Restart only an attempt "
-         "that advanced at least N steps beyond the last one (poprun_py.dist.heartbeat(step=N), "
-         "or --progress-file written); else stop with the attempt's exit code.",
-         "defaults.min_progress", metavar="N"),
-    Flag("progress_file", ("--progress-file",), Str, None, H_LONG, "A checkpoint on this "
-         "machine (or a filesystem it shares): an attempt that wrote it (its modification time "
-         "advanced) made progress, for --min-progress.", "defaults.progress_file",
-         path="path", metavar="PATH"),
-    Flag("forward_signals", ("--forward-signals",), Str, None, H_LONG, "Signals to poprun-py "
-         "passed on to every instance, the job going on (default USR1,USR2; from HUP, USR1, "
-         "USR2). A forwarded HUP no longer stops the job. The first one is the instance's "
-         "POPRUN_CHECKPOINT_SIGNAL (poprun_py.dist.on_checkpoint).", "defaults.forward_signals",
-         metavar="SIGS"),
-    Flag("spare_hosts", ("--spare-hosts",), Str, None, H_LONG, "Hosts held back to replace a "
-         "lost one on a restart: host syntax, or N (the last N hosts given). Default: the "
-         "spec's spares.", "spares", path="@"),
-    Flag("detach", ("--detach",), bool, False, H_LONG, "Hand the job to a supervisor on its "
-         "first host (this machine for --backend local) and return once every instance runs, "
-         "printing the job id; the job keeps every rule without this client. See `jobs`, "
-         "`logs`, `stop`, `wait`.", field=False,
-         batch="the slurm backend refuses it: a batch job already outlives its client",
-         detach="the supervisor runs the job attached, in a session of its own"),
-    Flag("up", ("--up",), bool, False, H_ONE_KEY, "Bring the -c spec's provider: cluster up "
-         "first (reused when it is up), push the program's directory (--sync), and launch on "
-         "its hosts.", field=False,
-         batch="launch only (render refuses it): provisioning happens on the client, around "
-         "a job", detach="the client brings the cluster up; the record's spec is the inventory"),
-    Flag("down", ("--down",), bool, False, H_ONE_KEY, "With --up: remove the cluster when the "
-         "job ends (succeeded, failed or interrupted); the exit code stays the job's.",
-         field=False, batch="launch only (render refuses it), with --up",
-         detach="the record carries the spec to remove (its path and text)"),
-    Flag("yes", ("--yes", "-y"), bool, False, H_ONE_KEY, "With --up: do not ask before creating "
-         "machines that cost money.", field=False,
-         batch="launch only, with --up: it answers the client's cost prompt",
-         detach="it answers the client's cost prompt"),
-)
-# fmt: on
-OPTIONS: Mapping[str, Flag] = {f.name: f for f in _ENTRIES}
-"""Every option, by parameter name, in the order ``plan``/``render``/``launch``/``check`` take
-them (and their help lists them)."""
-
-SSH_FLAGS = tuple(f for f in _ENTRIES if f.panel == H_SSH)
+SSH_FLAGS = tuple(f for f in OPTIONS.values() if f.panel == H_SSH)
 """The SSH options: flags first, then the cluster spec's key, then ~/.ssh
 (:func:`poprun_py.ssh.settings.settings_for`). A command takes them with a parameter ``ssh``
 (:func:`takes`) and gets them as one :class:`SshOptions`, built by name."""
@@ -289,11 +46,6 @@ def ssh_options(params: Mapping[str, Any]) -> SshOptions:
     """The SSH options among a command's parsed parameters (its keyword arguments, or typer's
     ``ctx.params``), each by its name; one the command does not take keeps its default."""
     return SshOptions(**{f.name: params[f.name] for f in fields(SshOptions) if f.name in params})
-
-
-def taken_by(command: str, entries: Mapping[str, Flag] = OPTIONS) -> list[Flag]:
-    """The options ``command`` takes, in order."""
-    return [f for f in entries.values() if command in f.commands]
 
 
 def takes(
@@ -335,4 +87,22 @@ def takes(
 
 
 def _param(flag: Flag, kind: Any) -> inspect.Parameter:
-    return inspect.Parameter(flag.name, kind, default=flag.default, annotation=flag.annotated)
+    return inspect.Parameter(flag.name, kind, default=flag.default, annotation=annotated(flag))
+
+
+def annotated(flag: Flag) -> Any:
+    """The typer parameter: ``Annotated[type, typer.Option(...)]`` (or ``Argument``)."""
+    if not flag.decls:
+        return Annotated[flag.type, typer.Argument(help=flag.help)]
+    kind: ParamType | None = SLURM_TIME if flag.name == "slurm_time" else None
+    if flag.duration:
+        kind = DURATION_TEXT if flag.base is str else DURATION
+    option = typer.Option(
+        *flag.decls,
+        rich_help_panel=flag.panel,
+        help=flag.help,
+        metavar=flag.metavar,
+        show_default=False,
+        click_type=kind,
+    )
+    return Annotated[flag.type, option]

@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TypeVar
 
 from poprun_py.core.backends import capabilities, check_backend
 from poprun_py.core.env import check_user_env
@@ -51,6 +52,7 @@ from poprun_py.ssh.settings import (
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_HOST_TIMEOUT = HOST_TIMEOUT  # see poprun_py.core.result and the README
+T = TypeVar("T")
 
 
 ssh_settings = settings_for
@@ -60,7 +62,7 @@ ssh_settings = settings_for
 @dataclass(frozen=True)
 class LaunchOptions:
     """Every option of ``plan``, ``render`` and ``launch`` that prepares the job, as given (None =
-    not given): one field per entry of :data:`poprun_py.cli.options.OPTIONS` marked ``field``
+    not given): one field per entry of :data:`poprun_py.core.options.OPTIONS` marked ``field``
     (tests/unit/test_option_catalog.py checks both ways)."""
 
     program: tuple[str, ...] = ()
@@ -208,9 +210,7 @@ def _checked(
     """The plan with the launch's own notes (a ``.py`` run by Python; hosts the local backend
     simulates); InputError (exit 2) for uneven shards with ``--strict-shards`` (or the spec's
     ``defaults.strict_shards``)."""
-    strict = opts.strict_shards
-    if strict is None:
-        strict = plan.cluster.defaults.strict_shards
+    strict = _given(opts.strict_shards, plan.cluster.defaults.strict_shards, False)
     if strict and opts.inputs:
         refuse_uneven([i.shard for i in plan.instances])
     notes = [note] if note else []
@@ -255,17 +255,17 @@ def _long_run(
     from poprun_py.core.duration import parse_duration
 
     d = cluster.defaults
-    restarts = opts.max_restarts if opts.max_restarts is not None else d.max_restarts or 0
+    restarts = _given(opts.max_restarts, d.max_restarts, 0)
     if restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {restarts}")
-    delay = opts.restart_delay if opts.restart_delay is not None else d.restart_delay or 0.0
+    delay = _given(opts.restart_delay, d.restart_delay, 0.0)
     if delay < 0:
         raise UsageError(f"--restart-delay must be 0 or more, got {delay}")
-    hang = opts.hang_timeout if opts.hang_timeout is not None else d.hang_timeout
+    hang = _given(opts.hang_timeout, d.hang_timeout, None)
     if hang is not None and hang <= 0:
         raise UsageError(f"--hang-timeout must be more than 0, got {hang:g}")
     timeout = parse_duration(opts.timeout, "--timeout") if opts.timeout else d.timeout
-    progress = opts.min_progress if opts.min_progress is not None else d.min_progress
+    progress = _given(opts.min_progress, d.min_progress, None)
     if progress is not None and progress < 1:
         raise UsageError(f"--min-progress must be 1 or more, got {progress}")
     watched = opts.progress_file or d.progress_file
@@ -430,17 +430,17 @@ def _job(
     opts: LaunchOptions, cluster: ClusterSpec, env: Mapping[str, str], backend: str
 ) -> JobSpec:
     d = cluster.defaults
-    instances = opts.instances if opts.instances is not None else d.instances
-    replicas = opts.replicas if opts.replicas is not None else d.replicas
+    instances = _given(opts.instances, d.instances, None)
+    replicas = _given(opts.replicas, d.replicas, None)
     if replicas is None:
         replicas = instances if instances is not None else _default_instances(cluster)
     return JobSpec(
         program=opts.program,
         replicas=replicas,
         instances=opts.instances,
-        devices_per_replica=_pick(opts.devices_per_replica, d.devices_per_replica, 1),
-        numa_aware=bool(_pick(opts.numa_aware, d.numa_aware, True)),
-        group_size=opts.group_size if opts.group_size is not None else d.group_size,
+        devices_per_replica=_given(opts.devices_per_replica, d.devices_per_replica, 1),
+        numa_aware=_given(opts.numa_aware, d.numa_aware, True),
+        group_size=_given(opts.group_size, d.group_size, None),
         env=tuple(EnvVar.parse(e, env) for e in opts.env),
         workdir=opts.workdir or cluster.workdir,
         eval_pad=opts.eval_pad,
@@ -464,10 +464,9 @@ def _network(flag: str | None, spec: str | None) -> str | None:
         raise UsageError(f"bad --network {flag!r}: not a CIDR such as 10.0.0.0/16") from None
 
 
-def _pick(flag: int | bool | None, default: int | bool | None, builtin: int | bool) -> int:
-    if flag is not None:
-        return int(flag)
-    return int(default) if default is not None else int(builtin)
+def _given(flag: T | None, spec: T | None, builtin: T) -> T:
+    """The flag's value, else the spec's ``defaults``, else the built-in one."""
+    return flag if flag is not None else spec if spec is not None else builtin
 
 
 def _default_instances(cluster: ClusterSpec) -> int:

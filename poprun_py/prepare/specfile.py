@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from poprun_py.core.backends import REGISTRY
 from poprun_py.core.hosts import check_unique, expand_names
+from poprun_py.core.options import SPEC_DEFAULTS, Flag
 from poprun_py.core.schema import (
     Bool,
     Either,
@@ -44,6 +44,7 @@ from poprun_py.core.schema import (
     OneOf,
     Record,
     SchemaFault,
+    Spec,
     Str,
     check,
 )
@@ -79,32 +80,23 @@ _HOST = Obj(
     },
     required=("name",),
 )
-_DURATION = Either((Float(), Str(min_len=1)))  # seconds, or 90s/45m/2h: see _durations
-_AT_LEAST_0 = ("grace_period", "restart_delay")  # the other durations are more than 0
-_DEFAULTS = Obj(
-    {
-        "backend": OneOf(tuple(REGISTRY)),
-        "replicas": Int(ge=1),
-        "instances": Int(ge=1),
-        "devices_per_replica": Int(ge=0),
-        "numa_aware": Bool(),
-        "group_size": Int(ge=1),
-        "mpi_args": ListOf(Str(), default=()),
-        "grace_period": _DURATION,
-        "master_port": _PORT,
-        "python": Str(min_len=1),
-        "connect_timeout": _DURATION,
-        "max_restarts": Int(ge=0),
-        "restart_delay": _DURATION,
-        "timeout": _DURATION,
-        "hang_timeout": _DURATION,
-        "host_timeout": _DURATION,
-        "min_progress": Int(ge=1),
-        "progress_file": Str(min_len=1),
-        "forward_signals": Str(min_len=1),
-        "strict_shards": Bool(),
-    }
-)
+_DURATION = Either((Float(), Str(min_len=1)))  # seconds, or 90s/45m/2h: see _defaults
+
+
+def _default(f: Flag) -> Spec:
+    """The schema of a ``defaults:`` key, from its catalog entry."""
+    if f.duration:
+        return _DURATION
+    if f.choices:
+        return OneOf(f.choices)
+    if f.words:
+        return ListOf(Str(), default=())
+    if f.base is int:
+        return Int(ge=f.least, le=f.most)
+    return Bool() if f.base is bool else Str(min_len=1)
+
+
+_DEFAULTS = Obj({key: _default(f) for key, f in SPEC_DEFAULTS.items()})
 _SSH = Obj(
     {
         "user": Str(min_len=1),
@@ -239,8 +231,6 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
     names = [h.name for h in hosts]
     _guard(lambda: check_unique(names), lines, source, ("hosts",))
     _guard(lambda: check_unique(names + [h.name for h in spares]), lines, source, ("spares",))
-    d = model.defaults
-    seconds = _durations(d, lines, source)
     return ClusterSpec(
         name=model.name,
         hosts=tuple(hosts),
@@ -248,28 +238,7 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
         simulated=model.simulated,
         workdir=model.workdir,
         env=dict(model.env),
-        defaults=Defaults(
-            backend=d.backend,
-            replicas=d.replicas,
-            instances=d.instances,
-            devices_per_replica=d.devices_per_replica,
-            numa_aware=d.numa_aware,
-            group_size=d.group_size,
-            mpi_args=tuple(d.mpi_args),
-            grace_period=seconds["grace_period"],
-            master_port=d.master_port,
-            python=d.python,
-            connect_timeout=seconds["connect_timeout"],
-            max_restarts=d.max_restarts,
-            restart_delay=seconds["restart_delay"],
-            timeout=seconds["timeout"],
-            hang_timeout=seconds["hang_timeout"],
-            host_timeout=seconds["host_timeout"],
-            strict_shards=d.strict_shards,
-            min_progress=d.min_progress,
-            progress_file=d.progress_file,
-            forward_signals=d.forward_signals,
-        ),
+        defaults=Defaults(**_defaults(model.defaults, lines, source)),
         spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,
         setup=model.setup,
@@ -280,15 +249,16 @@ def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> C
     )
 
 
-def _durations(d: Any, lines: dict[tuple[Any, ...], int], source: str) -> dict[str, float | None]:
-    """Every duration of ``defaults``, in seconds (None if absent): a number of seconds or text
-    as on the command line (``90s``, ``45m``, ``2h``); 0 is allowed for ``_AT_LEAST_0`` only."""
-    keys = ("grace_period", "connect_timeout", "restart_delay", "timeout", "hang_timeout")
-    found: dict[str, float | None] = {}
-    for key in (*keys, "host_timeout"):
+def _defaults(d: Record, lines: dict[tuple[Any, ...], int], source: str) -> dict[str, Any]:
+    """``defaults:`` by key: a duration in seconds (a number, or text as on the command line:
+    ``90s``, ``45m``, ``2h``; 0 only where its entry allows it), a list of words as a tuple."""
+    found = {}
+    for key, f in SPEC_DEFAULTS.items():
         value = getattr(d, key)
-        check = functools.partial(_seconds, value, key in _AT_LEAST_0)
-        found[key] = _guard(check, lines, source, ("defaults", key))
+        if f.duration:
+            check = functools.partial(_seconds, value, f.least == 0)
+            value = _guard(check, lines, source, ("defaults", key))
+        found[key] = tuple(value) if f.words else value
     return found
 
 

@@ -1,7 +1,7 @@
-"""Issue 21, item 1: each option is described once (``poprun_py.cli.options.OPTIONS``), and the
-typer parameters, LaunchOptions, the Slurm batch argv, the detach record and the reference
-(docs/cli.md) are derived from it: the reference is not stale, every option has an entry, and
-a new option is one entry."""
+"""Issue 21, item 1: each option is described once (``poprun_py.core.options.OPTIONS``), and the
+typer parameters, the spec's ``defaults:`` schema, LaunchOptions, the Slurm batch argv, the
+detach record and the reference (docs/cli.md) are derived from it: the reference is not stale,
+every option has an entry, and a new option is one entry."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from typer.testing import CliRunner
 from poprun_py.cli import option_model
 from poprun_py.cli.options import EVERY, LAUNCHING, OPTIONS, Flag, Int, taken_by, takes
 from poprun_py.cli.reference import _commands, reference
+from poprun_py.core.options import SPEC_DEFAULTS
 from poprun_py.core.spec import ClusterSpec, Defaults
 from poprun_py.core.topology import Topology
+from poprun_py.errors import SpecError
 from poprun_py.prepare.job import LaunchOptions
+from poprun_py.prepare.specfile import parse_cluster
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -127,3 +130,39 @@ def test_a_new_entry_is_in_the_reference() -> None:
     text = reference(with_fake(batch="a reason for the batch job"))
     assert "| `--fake-knob` | int |  | `defaults.fake` | A knob. |" in text
     assert "- `--fake-knob`: a reason for the batch job" in text
+
+
+# ---------------------------------------------------------------- the spec's defaults: keys
+
+SPEC_TYPES = {int: "int | None", bool: "bool | None", str: "str | None"}
+
+
+def test_the_spec_defaults_keys_are_the_defaults_fields_both_ways() -> None:
+    assert set(SPEC_DEFAULTS) == {f.name for f in fields(Defaults)}
+    for f in fields(Defaults):
+        entry = SPEC_DEFAULTS[f.name]
+        if entry.words:
+            assert (f.type, f.default) == ("tuple[str, ...]", ()), f.name
+        else:
+            kind = "float | None" if entry.duration else SPEC_TYPES[entry.base]
+            assert (f.type, f.default) == (kind, None), f.name
+
+
+def test_a_spec_defaults_key_is_checked_as_its_entry_says() -> None:
+    bad = {
+        "replicas: 0": "defaults.replicas: must be at least 1, got 0",
+        "devices_per_replica: -1": "defaults.devices_per_replica: must be at least 0, got -1",
+        "master_port: 70000": "defaults.master_port: must be at most 65535, got 70000",
+        "backend: nope": "defaults.backend: expected one of local, ssh, mpirun, mpiexec, slurm, "
+        "got 'nope'",
+        "grace_period: -1": "defaults.grace_period: -1.0 must be 0 or more",
+        "timeout: 0": "defaults.timeout: 0.0 must be more than 0",
+        "mpi_args: x": "defaults.mpi_args: expected a list, got 'x'",
+        "python: ''": "defaults.python: must not be empty",
+    }
+    for line, message in bad.items():
+        with pytest.raises(SpecError) as info:
+            parse_cluster(f"name: c\ndefaults:\n  {line}\n", "c.yaml")
+        assert str(info.value) == f"c.yaml:3: {message}", line
+    spec = parse_cluster("name: c\ndefaults:\n  mpi_args: [-x, y]\n  timeout: 2m\n", "c.yaml")
+    assert spec.defaults.mpi_args == ("-x", "y") and spec.defaults.timeout == 120.0
