@@ -91,6 +91,7 @@ def run_everywhere(
     cwd: str | None = None,
 ) -> list[HostOutcome]:
     """Run ``argv`` on every host of ``pool`` (connecting as needed); one outcome per host.
+    Each host's connection is closed as soon as its command is done.
 
     On Ctrl-C (or SIGTERM, SIGHUP: :func:`poprun_py.process.signals.interrupting`) the
     command's process group is stopped on every host, then Interrupted is raised.
@@ -145,6 +146,7 @@ def _run_all(
         finally:
             if splitter:
                 splitter.flush()
+            pool.release(conn.name)  # one command per host: its connection is done
         return HostOutcome(
             conn.name, result.exit_code, result.stdout, result.stderr, None, result.duration
         )

@@ -278,6 +278,16 @@ class ConnectionPool:
 
         return opener, gate
 
+    def release(self, name: str) -> None:
+        """Close ``name``'s connection now, when nothing else will use it (``exec``): each open
+        Paramiko transport's thread wakes ten times a second, which a thousand idle ones turn
+        into the launcher's main cost. The host connects again if used later."""
+        with self._lock:
+            conn = self.connections.pop(name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
     def close(self) -> None:
         """Close every connection and the worker threads."""
         for conn in self.connections.values():

@@ -12,7 +12,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -167,3 +167,34 @@ def test_the_agent_reads_its_requests_from_a_descriptor_above_1023(
     finally:
         for fd in (high, r):
             os.close(fd)
+
+
+class RunningConnection(FakeConnection):
+    """A connection whose ``run`` succeeds at once; it records being closed."""
+
+    closed: ClassVar[list[str]] = []
+
+    def run(self, argv: Any, **kwargs: Any) -> Any:
+        from poprun_py.ssh.connection import RemoteResult
+
+        assert self.name not in self.closed, "ran on a closed connection"
+        return RemoteResult(self.name, 0, "", "", 0.0)
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+
+
+def test_exec_closes_each_host_connection_once_its_command_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thousand idle Paramiko transports, each waking ten times a second, cost more than the
+    handshakes: exec lets each go as soon as its host's command is done."""
+    from poprun_py.ssh.fanout import run_everywhere
+
+    RunningConnection.closed = []
+    monkeypatch.setattr(pool_module, "connect", lambda host, *_: RunningConnection(host.name))
+    with fake_pool(30, window=4) as pool:
+        outcomes = run_everywhere(pool, ["true"])
+        assert [o.exit_code for o in outcomes] == [0] * 30
+        assert sorted(RunningConnection.closed) == sorted(f"h{i}" for i in range(30))
+        assert pool.connections == {}
