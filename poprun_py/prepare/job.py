@@ -190,9 +190,9 @@ def _prepare(opts: LaunchOptions, env: Mapping[str, str]) -> Prepared:
         plan=plan,
         backend=backend,
         mpi_args=mpi_args,
-        grace_period=_first(opts.grace_period, d.grace_period, DEFAULT_GRACE_PERIOD),
-        connect_timeout=_first(
-            connect_timeout_for(cluster, opts.connect_timeout), DEFAULT_CONNECT_TIMEOUT
+        grace_period=float(_given(opts.grace_period, d.grace_period, DEFAULT_GRACE_PERIOD)),
+        connect_timeout=float(
+            connect_timeout_for(cluster, opts.connect_timeout) or DEFAULT_CONNECT_TIMEOUT
         ),
         templates=Path(opts.templates) if opts.templates else None,
         local_topology=local_topo,
@@ -281,9 +281,9 @@ def _host_timeout(opts: LaunchOptions, cluster: ClusterSpec) -> float:
     :data:`DEFAULT_HOST_TIMEOUT`; UsageError (exit 2, nothing started) if not a duration."""
     from poprun_py.core.duration import parse_duration
 
-    if opts.host_timeout is not None:
-        return parse_duration(opts.host_timeout, "--host-timeout")
-    return _first(cluster.defaults.host_timeout, DEFAULT_HOST_TIMEOUT)
+    given = opts.host_timeout
+    flag = parse_duration(given, "--host-timeout") if given is not None else None
+    return _given(flag, cluster.defaults.host_timeout, DEFAULT_HOST_TIMEOUT)
 
 
 def spares_only(prep: Prepared) -> Prepared | None:
@@ -342,10 +342,6 @@ def _check_positive(opts: LaunchOptions) -> None:
     if opts.grace_period is not None and opts.grace_period < 0:
         raise UsageError(f"--grace-period must be 0 or more, got {opts.grace_period}")
     check_connect_timeout(opts.connect_timeout)
-
-
-def _first(*values: float | None) -> float:
-    return next(float(v) for v in values if v is not None)
 
 
 def _load_base(path: str | None) -> ClusterSpec | None:
@@ -431,9 +427,8 @@ def _job(
 ) -> JobSpec:
     d = cluster.defaults
     instances = _given(opts.instances, d.instances, None)
-    replicas = _given(opts.replicas, d.replicas, None)
-    if replicas is None:
-        replicas = instances if instances is not None else _default_instances(cluster)
+    fallback = instances if instances is not None else _default_instances(cluster)
+    replicas = _given(opts.replicas, d.replicas, fallback)
     return JobSpec(
         program=opts.program,
         replicas=replicas,
@@ -477,15 +472,13 @@ def _default_instances(cluster: ClusterSpec) -> int:
 
 
 def _master_port(opts: LaunchOptions, cluster: ClusterSpec, backend: str) -> int:
-    if opts.master_port is not None:
-        if not 1 <= opts.master_port <= 65535:
-            raise UsageError(f"--master-port must be 1-65535, got {opts.master_port}")
-        return opts.master_port
-    if cluster.defaults.master_port is not None:
-        return cluster.defaults.master_port
-    if capabilities(backend).runs_on_this_machine or cluster.all_local:
-        return free_port()
-    return DEFAULT_MASTER_PORT
+    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
+        raise UsageError(f"--master-port must be 1-65535, got {opts.master_port}")
+    port = _given(opts.master_port, cluster.defaults.master_port, None)
+    if port is not None:
+        return port
+    here = capabilities(backend).runs_on_this_machine or cluster.all_local
+    return free_port() if here else DEFAULT_MASTER_PORT
 
 
 def free_port() -> int:
