@@ -2,8 +2,8 @@
 (which also resolves that host's ssh configuration), and reused for everything a launch does
 (preflight, sync, exec, launch). Hosts behind the same jump host share one connection to it.
 
-Every host has its own worker (up to :data:`MAX_WORKERS`), so a long command on one host does not
-hold back the others, but at most :data:`CONNECT_WINDOW` of them resolve and connect at once:
+Up to :data:`MAX_WORKERS` hosts have a worker at once, but at most :data:`CONNECT_WINDOW` of them
+resolve and connect at once (the rest run their commands):
 a host's connect timeout counts from when its own attempt starts, so on a busy machine a host
 that only waited for a slot is not reported unreachable. A pool raises ``RLIMIT_NOFILE`` to its
 hard limit (:func:`raise_nofile_limit`): a thousand hosts need more than 1,024 descriptors.
@@ -45,8 +45,10 @@ CONNECT_WINDOW = 64
 """At most this many hosts of a pool resolve their configuration and connect at once (as
 clush's default fanout): a thousand handshakes at once on a few cores would each be slow enough
 to time out."""
-MAX_WORKERS = 4096
-"""Workers of a pool: one per host up to this many (past it, a host waits for a free worker)."""
+MAX_WORKERS = 2 * CONNECT_WINDOW
+"""Workers of a pool: one per host up to this many (past it, a host waits for a free worker).
+Not one per host: with a thousand threads, the GIL's hand-offs cost the launcher over 100 ms
+of CPU per host (measured at 1,024 hosts, ``benchmarks/bench_scale.py``)."""
 NOFILE_FALLBACK = 1 << 20
 """The soft ``RLIMIT_NOFILE`` asked for when the hard limit is unlimited."""
 
