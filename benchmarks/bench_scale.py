@@ -56,7 +56,6 @@ USER = "poprunbench"
 SSHD = "/usr/sbin/sshd"
 PER_SUBNET = 250
 READY_TIMEOUT = 120.0
-TOOL_TIMEOUT = 600.0
 
 
 def address(index: int) -> str:
@@ -259,7 +258,8 @@ def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
     cpu = usage.ru_utime + usage.ru_stime
     said = f"{len(lines)} lines; first: {lines[0][:100]}" if lines else ""
     if proc.returncode != 0:
-        print("\n".join(f"    {line}" for line in lines[:12]), file=sys.stderr)
+        shown = lines if len(lines) <= 16 else [*lines[:4], "...", *lines[-12:]]
+        print("\n".join(f"    {line}" for line in shown), file=sys.stderr)
     return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said)
 
 
