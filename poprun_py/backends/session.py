@@ -178,7 +178,8 @@ class RemoteSession:
 
     def preflight(self, prep: Prepared) -> Checked:
         """Every host, every fault at once, through the agents; re-plan with what was found."""
-        from poprun_py.preflight.probes import preflight
+        from poprun_py.core.backends import capabilities
+        from poprun_py.preflight.probes import checks_for_plan, preflight
         from poprun_py.process import phases
 
         check_tools(self.tools)  # the launcher runs here: before any host is contacted
@@ -186,7 +187,10 @@ class RemoteSession:
             self.pool.require_direct(self.direct_only)  # PreflightError: nothing started
         self._warm_up_renderer()  # while preflight waits for the hosts
         with phases.phase((phases.CONNECTING, "preflight"), self._names):
-            report = preflight(self.agents, prep.plan)
+            names = capabilities(prep.backend).resolves_host_names
+            report = preflight(
+                self.agents, prep.plan, replace(checks_for_plan(prep.plan), names=names)
+            )
         self.report = report
         found = with_topologies(prep, report.topologies, report.interfaces(prep.plan.network))
         return Checked(found, report.topologies)

@@ -34,6 +34,9 @@ class Capabilities:
     ``--detach`` does not apply."""
     launcher_template: str | None = None
     """The template of its whole-job launcher (None: it runs the instances' commands itself)."""
+    resolves_host_names: bool = False
+    """Does its launcher resolve every host name itself, here (mpirun, mpiexec)? Then preflight
+    warns of a name that does not resolve on this machine, or slowly."""
     unforwardable: tuple[tuple[str, str], ...] = ()
     """The signals (``SIGHUP``) that ``--forward-signals`` may name but its launcher cannot pass
     on to the instances, each with why: refused before anything starts."""
@@ -56,11 +59,13 @@ REGISTRY: dict[str, Registered] = {
         "poprun_py.backends.mpirun:MpirunBackend",
         Capabilities(
             launcher_template="mpirun.j2",
+            resolves_host_names=True,
             unforwardable=(("SIGHUP", "Open MPI's mpirun ends the job on SIGHUP"),),
         ),
     ),
     "mpiexec": Registered(
-        "poprun_py.backends.mpiexec:MpiexecBackend", Capabilities(launcher_template="mpiexec.j2")
+        "poprun_py.backends.mpiexec:MpiexecBackend",
+        Capabilities(launcher_template="mpiexec.j2", resolves_host_names=True),
     ),
     "slurm": Registered(
         "poprun_py.backends.slurm:SlurmBackend",

@@ -162,6 +162,9 @@ class Checks:
     # the topology cut to the CPUs the login may use; Slurm's preflight step (its task sees
     # the allocation's CPUs) compares those with the whole node itself
     within_allowed: bool = True
+    # time each host name's resolution on this machine: a launcher that resolves them itself
+    # (mpirun, mpiexec) stalls on a slow one; the ssh transports go by ssh_config's HostName
+    names: bool = True
 
 
 @dataclass(frozen=True)
@@ -422,7 +425,7 @@ def preflight(
     """
     started = time.monotonic()
     checks = checks or (checks_for_plan(plan) if plan is not None else Checks())
-    resolving = _resolve_all([h.name for h in pool.hosts])
+    resolving = _resolve_all([h.name for h in pool.hosts]) if checks.names else {}
 
     def check(conn: Runner) -> tuple[list[Fault], HostReport]:
         t0 = time.monotonic()
