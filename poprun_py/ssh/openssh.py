@@ -27,8 +27,10 @@ Example:
     ('HostbasedAuthentication yes',)
     >>> needs_openssh({"gssapiauthentication": ["yes"]}, kerberos=False)  # Debian's default
     ()
-    >>> choose("auto", ("KnownHostsCommand",))
+    >>> choose("auto", ("KnownHostsCommand",), have_ssh=True)
     ('openssh', 'KnownHostsCommand')
+    >>> choose("auto", ("KnownHostsCommand",), have_ssh=False)  # no ssh client here
+    ('paramiko', '')
     >>> choose("auto", ())
     ('paramiko', '')
 """
@@ -140,13 +142,16 @@ def _is_sk_key(path: str) -> bool:
         return False
 
 
-def choose(wanted: str, needs: Sequence[str]) -> tuple[str, str]:
-    """The transport for a host (``openssh`` or ``paramiko``) and why OpenSSH ('' if not)."""
+def choose(wanted: str, needs: Sequence[str], *, have_ssh: bool | None = None) -> tuple[str, str]:
+    """The transport for a host (``openssh`` or ``paramiko``) and why OpenSSH ('' if not).
+    ``auto`` keeps Paramiko when there is no ``ssh`` here (``have_ssh``: looked up if None)."""
     if wanted not in CLIENTS:
         raise ValueError(wanted)
     if wanted == "openssh":
         return "openssh", "--ssh-client openssh"
-    if wanted == "auto" and needs and ssh_binary() is not None:
+    if have_ssh is None:
+        have_ssh = ssh_binary() is not None
+    if wanted == "auto" and needs and have_ssh:
         return "openssh", ", ".join(needs)
     return "paramiko", ""
 

@@ -112,7 +112,8 @@ def test_auto_takes_openssh_for_what_paramiko_cannot_do(
     options: dict[str, list[str]], why: str
 ) -> None:
     assert needs_openssh(options, kerberos=True) == (why,)
-    assert choose("auto", needs_openssh(options, kerberos=True)) == ("openssh", why)
+    assert choose("auto", needs_openssh(options, kerberos=True), have_ssh=True) == ("openssh", why)
+    assert choose("auto", needs_openssh(options, kerberos=True), have_ssh=False) == ("paramiko", "")
 
 
 def test_gssapi_without_kerberos_here_keeps_paramiko() -> None:
