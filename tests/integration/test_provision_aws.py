@@ -341,10 +341,11 @@ def test_bad_input_is_one_line_and_creates_nothing(
 
 
 def test_missing_credentials_is_one_line(aws_env: AwsEnv, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
-    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    with pytest.raises(ProvisionError, match=r"^no AWS credentials found: set AWS_ACCESS_KEY_ID"):
-        up(aws_spec(aws_env), provider=provider())
+    with monkeypatch.context() as without:  # the check below looks with the credentials
+        without.delenv("AWS_ACCESS_KEY_ID")
+        without.delenv("AWS_SECRET_ACCESS_KEY")
+        with pytest.raises(ProvisionError, match=r"^no AWS credentials found: set AWS_ACCESS_"):
+            up(aws_spec(aws_env), provider=provider())
     assert_nothing_created(aws_env)
 
 
