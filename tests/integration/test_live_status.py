@@ -13,8 +13,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 from poprun_py.providers.netns import TestCluster, TestHost
 from tests.hostfixtures import MakeCluster
 from tests.integration.test_launch_hosts_cli import only_sshd, spec_for
+from tests.tmux import Tmux
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n
 
@@ -55,43 +54,6 @@ def slow_cluster(make_test_cluster: MakeCluster) -> Iterator[tuple[TestCluster, 
     only_sshd(cluster)
 
 
-class Tmux:
-    """A tmux server of this test's own (its own socket) with one 80x24 window."""
-
-    def __init__(self, cwd: Path):
-        self.socket = f"poprun-test-{uuid.uuid4().hex[:8]}"
-        outside = ("TMUX", "COLUMNS", "LINES")  # the window's own size, whatever CI sets
-        env = {k: v for k, v in os.environ.items() if not k.startswith(outside)}
-        self.env = {**env, "TERM": "xterm"}
-        self.run("new-session", "-d", "-x", "80", "-y", "24", "-s", "t", "-c", str(cwd),
-                 "sh")  # fmt: skip
-
-    def run(self, *args: str) -> str:
-        argv = ["tmux", "-L", self.socket, *args]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=self.env, timeout=30, check=False
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def type(self, line: str) -> None:
-        self.run("send-keys", "-t", "t", line, "Enter")
-
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", "t")
-
-    def wait_for(self, pattern: str, within: float = 60.0) -> str:
-        deadline = time.monotonic() + within
-        while not re.search(pattern, screen := self.screen()):
-            assert time.monotonic() < deadline, f"no {pattern!r} on the screen:\n{screen}"
-            time.sleep(0.05)
-        return screen
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
-                       env=self.env, timeout=30, check=False)  # fmt: skip
-
-
 @pytest.mark.hosts
 @pytest.mark.requires("tmux")
 def test_under_tmux_the_live_status_names_the_slow_host_and_is_gone_at_the_end(
@@ -99,7 +61,7 @@ def test_under_tmux_the_live_status_names_the_slow_host_and_is_gone_at_the_end(
 ) -> None:
     cluster, stopped = slow_cluster
     slow = cluster.hosts[2].name
-    tmux = Tmux(tmp_path)
+    tmux = Tmux(tmp_path, rows=24, join=False)
     try:
         command = shlex.join(launch_argv(cluster, tmp_path))
         tmux.type(f"clear; {command}; echo launch-ended-$?")
@@ -157,7 +119,7 @@ def test_under_tmux_the_restart_delay_counts_down_below_the_restart_told(tmp_pat
     script = f'[ "$POPRUN_RESTART_COUNT" = 1 ] || exit 5; while [ ! -e {go} ]; do sleep 0.05; done'
     argv = [sys.executable, "-m", "poprun_py", "launch", "--hosts", "localhost",
             "--max-restarts", "1", "--restart-delay", "30", "--", "sh", "-c", script]  # fmt: skip
-    tmux = Tmux(tmp_path)
+    tmux = Tmux(tmp_path, rows=24, join=False)
     try:
         tmux.type(f"clear; {shlex.join(argv)}; echo launch-ended-$?")
         screen = tmux.wait_for(r"restart 1 of 1 in (29|2\d) s")  # counting down from 30

@@ -4,59 +4,19 @@ columns, ``plan`` prints the topology one host a line and no line wraps; a faile
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.tmux import Tmux
+
 ROOT = Path(__file__).resolve().parents[2]
 RED = "\x1b[31m"  # as tmux gives it back: bold and red as two escapes
 FAIL_SECOND = 'if [ "$POPDIST_INSTANCE_INDEX" = 1 ]; then echo boom >&2; exit 3; fi; exec sleep 30'
-
-
-class Tmux:
-    """A tmux server of this test's own (its own socket), one window of 80 columns."""
-
-    def __init__(self, cwd: Path, rows: int = 60):
-        self.socket = f"poprun-look-{uuid.uuid4().hex[:8]}"
-        outside = ("TMUX", "COLUMNS", "LINES", "NO_COLOR")  # the window's own, whatever CI sets
-        env = {k: v for k, v in os.environ.items() if not k.startswith(outside)}
-        self.env = {**env, "TERM": "xterm", "PYTHONPATH": str(ROOT)}
-        self.run("new-session", "-d", "-x", "80", "-y", str(rows), "-s", "t", "-c", str(cwd),
-                 "sh")  # fmt: skip
-
-    def run(self, *args: str) -> str:
-        argv = ["tmux", "-L", self.socket, *args]
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=self.env, timeout=30, check=False
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def type(self, line: str) -> None:
-        self.run("send-keys", "-t", "t", line, "Enter")
-
-    def screen(self, escapes: bool = False) -> str:
-        """The window's text, wrapped lines joined (-J); with SGR escapes when asked (-e)."""
-        return self.run("capture-pane", "-p", "-J", *(["-e"] if escapes else []), "-t", "t")
-
-    def wait_for(self, pattern: str, within: float = 60.0) -> str:
-        deadline = time.monotonic() + within
-        while not re.search(pattern, screen := self.screen()):
-            assert time.monotonic() < deadline, f"no {pattern!r} on the screen:\n{screen}"
-            time.sleep(0.05)
-        return screen
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True,
-                       env=self.env, timeout=30, check=False)  # fmt: skip
 
 
 @pytest.fixture
