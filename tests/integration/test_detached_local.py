@@ -14,6 +14,8 @@ import pytest
 from tests.integration.helpers import left_behind
 from tests.integration.helpers import poprun_cli as run_cli
 
+POD16 = str(Path(__file__).resolve().parents[2] / "clusters" / "pod16.yaml")
+
 
 def poprun_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout=60)
@@ -84,7 +86,7 @@ def test_stop_ends_a_local_job_with_nothing_left() -> None:
         (["wait", "x;rm -rf /"], "bad job id 'x;rm -rf /'"),
         (["stop", "../etc"], "bad job id '../etc'"),
         (
-            ["launch", "-c", "clusters/pod16.yaml", "-b", "local", "--detach", "true"],
+            ["launch", "-c", POD16, "-b", "local", "--detach", "true"],
             "--detach with --backend local",
         ),
         (

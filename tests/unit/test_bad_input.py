@@ -11,6 +11,8 @@ import pytest
 
 from poprun_py.cli import run
 
+POD16 = str(Path(__file__).resolve().parents[2] / "clusters" / "pod16.yaml")
+
 SPECS = {
     "malformed.yaml": "name: x\nhosts: [a\n",
     "list.yaml": "- a\n- b\n",
@@ -86,7 +88,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ),
     (
         "not-enough-devices",
-        ["-c", "clusters/pod16.yaml", "-r", "128", "-n", "16", "-d", "4"],
+        ["-c", POD16, "-r", "128", "-n", "16", "-d", "4"],
         "has 16 devices",
     ),
     ("group-size", ["-H", "localhost", "-r", "4", "-g", "3"], "not a multiple of --group-size 3"),

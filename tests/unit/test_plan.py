@@ -1,5 +1,7 @@
 """The planner: layout, NUMA split, devices, defaults, groups, and refusals."""
 
+from pathlib import Path
+
 import pytest
 
 from poprun_py.core.hosts import HostEntry, parse_hosts
@@ -9,6 +11,8 @@ from poprun_py.core.spec import ClusterSpec, Defaults, JobSpec, cluster_from_hos
 from poprun_py.core.topology import uniform
 from poprun_py.errors import PlanError
 from poprun_py.prepare.specfile import load_cluster
+
+POD16 = str(Path(__file__).resolve().parents[2] / "clusters" / "pod16.yaml")
 
 POD = uniform(8, 16, 2)  # 8 NUMA nodes x 16 CPUs, 2 devices each
 
@@ -31,7 +35,7 @@ def test_replicas_split_over_instances_and_instances_over_hosts() -> None:
 
 
 def test_poprun_example_16_instances_64_replicas_on_16_hosts() -> None:
-    spec = load_cluster("clusters/pod16.yaml")
+    spec = load_cluster(POD16)
     plan = make_plan(spec, job(64, 16, devices_per_replica=4))
     assert {i.num_local_replicas for i in plan.instances} == {4}
     first = plan.instances[0]

@@ -12,7 +12,10 @@ from poprun_py.core.spec import JobSpec
 from poprun_py.errors import SpecError
 from poprun_py.prepare.specfile import load_cluster, parse_cluster
 
-CLUSTERS = sorted(Path("clusters").glob("*.yaml"))
+EXAMPLES = Path(__file__).resolve().parents[2] / "clusters"
+POD16 = str(EXAMPLES / "pod16.yaml")
+
+CLUSTERS = sorted(EXAMPLES.glob("*.yaml"))
 
 
 def test_at_least_three_examples() -> None:
@@ -38,7 +41,7 @@ def test_every_example_loads_and_plans(path: Path) -> None:
 
 
 def test_pod16_topology() -> None:
-    spec = load_cluster("clusters/pod16.yaml")
+    spec = load_cluster(POD16)
     assert len(spec.hosts) == 16
     topo = spec.hosts[0].topology
     assert topo is not None
@@ -71,7 +74,7 @@ def test_error_names_file_line_and_key() -> None:
 
 
 def test_plan_json_is_the_only_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["plan", "-c", "clusters/pod16.yaml", "-f", "json", "train.py"]) == 0
+    assert run(["plan", "-c", POD16, "-f", "json", "train.py"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["num_replicas"] == 64 and data["num_instances"] == 16
     inst = data["instances"][3]
