@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poprun_py.agent.stream import ChannelStream, ProcessStream, Stream
+from poprun_py.agent.stream import Stream
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside import protocol as P
@@ -163,19 +163,16 @@ class AgentConnection:
 
     @classmethod
     def start(cls, conn: Connection) -> AgentConnection:
-        """Start the agent on a new channel of ``conn`` (an ``ssh`` process of its own over
-        OpenSSH) and send it its code."""
-        from poprun_py.ssh.openssh import OpenSshConnection, ssh_failure
-
-        if not isinstance(conn, OpenSshConnection):
-            stream = ChannelStream(conn.start(over_stdin()))
-            stream.write(payload("agent").data)
-            return cls(conn.name, stream)
-        process = ProcessStream(conn.spawn(over_stdin()))
-        agent = cls(conn.name, process, lambda: ssh_failure(conn.name, process))
+        """Start the agent through ``conn``'s transport seam (:meth:`Connection.agent_stream`:
+        a Paramiko channel, an ``ssh`` process, a joined node's socket) and send it its code."""
+        stream = conn.agent_stream(over_stdin())
+        failure = conn.agent_failure(stream)
+        agent = cls(conn.name, stream, failure)
         try:
-            process.write(payload("agent").data)
-        except OSError:  # ssh ended: it could not connect, or the host refused
+            stream.write(payload("agent").data)
+        except OSError:  # the transport ended: it could not connect, or the host refused
+            if failure is None:
+                raise
             raise agent.lost() from None
         return agent
 

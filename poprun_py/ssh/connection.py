@@ -32,6 +32,8 @@ from poprun_py.ssh.settings import Endpoint
 if TYPE_CHECKING:
     import paramiko
 
+    from poprun_py.agent.stream import Stream
+
 OutputFn = Callable[[str, bytes], None]
 """``on_output(stream, data)``: ``stream`` is ``"stdout"`` or ``"stderr"``; data as it arrives."""
 
@@ -131,6 +133,18 @@ class Connection:
             chan.close()
             raise ConnectionLost(self.name, f"lost the connection to {self.label}: {exc}") from None
         return chan
+
+    def agent_stream(self, argv: Sequence[str]) -> Stream:
+        """The transport seam: ``argv`` (an agent's bootstrap) started on a new channel, as
+        a :class:`~poprun_py.agent.stream.Stream`."""
+        from poprun_py.agent.stream import ChannelStream
+
+        return ChannelStream(self.start(argv))
+
+    def agent_failure(self, stream: Stream) -> Callable[[], TransportError] | None:
+        """Why ``stream`` (from :meth:`agent_stream`) ended before its agent said a word, typed
+        by the transport; None: a plain ConnectionLost says it."""
+        return None
 
     def run(
         self,

@@ -45,7 +45,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
@@ -66,6 +66,8 @@ from poprun_py.ssh.settings import CLIENTS, Endpoint, SshSettings, tilde
 
 if TYPE_CHECKING:
     import paramiko
+
+    from poprun_py.agent.stream import Stream
 
 POLL = 0.1  # how often a running command looks at its deadline and cancel event
 _YES = ("yes", "true")
@@ -283,6 +285,21 @@ class OpenSshConnection(Connection):
         """Start ``ssh ... HOST COMMAND`` for ``argv`` (env sent on its stdin first), its three
         streams pipes, in a session of its own; ConnectionLost if it cannot start."""
         return self._start(remote_command(argv, env, None, report_pid=report_pid), env)
+
+    def agent_stream(self, argv: Sequence[str]) -> Stream:
+        """The transport seam: ``argv`` run by an ``ssh`` process of its own, as a
+        :class:`~poprun_py.agent.stream.ProcessStream`."""
+        from poprun_py.agent.stream import ProcessStream
+
+        return ProcessStream(self.spawn(argv))
+
+    def agent_failure(self, stream: Stream) -> Callable[[], TransportError] | None:
+        """ssh's own refusal (typed: unreachable, host key, auth), from what it said."""
+        from poprun_py.agent.stream import ProcessStream
+
+        if not isinstance(stream, ProcessStream):
+            return None
+        return lambda: ssh_failure(self.name, stream)
 
     def open_channel(self) -> paramiko.Channel:
         """No Paramiko channels over the OpenSSH client."""
