@@ -30,6 +30,8 @@ BACKENDS = ("local", "ssh", "mpirun", "mpiexec", "slurm")
 HOSTS = ("198.18.0.21", "198.18.0.22")
 """The hosts of a row that names none (test addresses: a dry run reaches no host)."""
 PROGRAM = ("sh", "-c", "exit 0")
+NODE = ("--node-rank", "0", "--nnodes", "2", "--coordinator", "198.18.0.21")
+"""Per-node mode's identity, complete, for the rows of its options (HOSTS are its nodes)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,17 @@ ROWS: Mapping[str, Row] = {
     "up": Row(("--up",), None, "a dry run refuses --up (it would create machines)"),
     "down": Row(("--down",), None, "with --up only"),
     "yes": Row(("--yes",), None, "with --up only"),
+    "node_rank": Row(NODE, lambda d: d.prep.options.node_rank == 0),
+    "nnodes": Row(NODE, lambda d: d.prep.options.nnodes == 2),
+    "coordinator": Row(NODE, lambda d: d.prep.options.coordinator == "198.18.0.21"),
+    "per_node": Row(("--per-node", *NODE), lambda d: d.prep.options.per_node is True),
+    "join_timeout": Row(
+        (*NODE, "--join-timeout", "45s"), lambda d: d.prep.options.join_timeout == 45.0
+    ),
+    "secret_file": Row(
+        (*NODE, "--secret-file", "{d}/secret"),
+        lambda d: str(d.prep.options.secret_file).endswith("/secret"),
+    ),
 }
 
 
@@ -231,6 +244,8 @@ def scratch(d: Path) -> None:
     (d / "templates" / "instance.j2").write_text("env MX_TEMPLATED=1 {{ program | quoted }}\n")
     for name in ("known_hosts", "ssh_config", "id_key"):
         (d / name).write_text("")
+    (d / "secret").write_text("matrix-secret-of-32-bytes-length\n")
+    (d / "secret").chmod(0o600)
     hosts = "".join(f"  - {{name: {h}}}\n" for h in HOSTS)
     (d / "cluster.yaml").write_text(f"name: mx\nhosts:\n{hosts}env: {{SPEC_VAR: from-spec}}\n")
 

@@ -20,6 +20,12 @@ from poprun_py.core.backends import REGISTRY
 
 H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
 H_HW, H_SLURM, H_LONG, H_ONE_KEY = "Hardware and network", "Slurm", "Long runs", "Provisioning"
+H_NODE = "Per node"
+PER_NODE = (
+    "per-node mode runs a launcher on every node; the batch job's one launch starts every "
+    "node with srun (and render does not take it)"
+)
+"""Why the Slurm batch job does not get the per-node options."""
 LAUNCHING = ("plan", "render", "launch", "check")
 REMOTE = (*LAUNCHING, "exec", "sync")
 EVERY = (*REMOTE, "jobs", "up", "down")
@@ -246,6 +252,26 @@ _ENTRIES = (
          "machines that cost money.", field=False,
          batch="launch only, with --up: it answers the client's cost prompt",
          detach="it answers the client's cost prompt"),
+    Flag("node_rank", ("--node-rank",), Int, None, H_NODE, "Per-node mode (every node runs "
+         "this launch, no SSH between nodes; docs/per-node.md): this node's rank, 0 to N-1 "
+         "(default: the environment's).", commands=("launch",), batch=PER_NODE, metavar="K"),
+    Flag("nnodes", ("--nnodes",), Int, None, H_NODE, "Per-node mode: the number of nodes, one "
+         "per host of the plan (default: the environment's).", commands=("launch",),
+         batch=PER_NODE, metavar="N"),
+    Flag("coordinator", ("--coordinator",), Str, None, H_NODE, "Per-node mode: node 0's "
+         "address, which every node joins (default port 29400; default: the environment's).",
+         commands=("launch",), batch=PER_NODE, metavar="HOST[:PORT]"),
+    Flag("per_node", ("--per-node",), bool, False, H_NODE, "Per-node mode, the node's rank, "
+         "the node count and the coordinator all from the environment (POPRUN_*, Kubeflow's "
+         "PET_*, JOB_COMPLETION_INDEX, Slurm's, Open MPI's).", commands=("launch",),
+         batch=PER_NODE),
+    Flag("join_timeout", ("--join-timeout",), float, 120.0, H_NODE, "Per-node mode: how long "
+         "the coordinator waits for every node to join, and a node for the coordinator "
+         "(default 2m).", commands=("launch",), batch=PER_NODE, duration=True),
+    Flag("secret_file", ("--secret-file",), Str, None, H_NODE, "Per-node mode: the file "
+         "holding the secret every node shares (mode 600; default: POPRUN_SECRET_FILE's file, "
+         "else POPRUN_SECRET). Never the secret itself in argv.", commands=("launch",),
+         batch=PER_NODE, path="path", metavar="PATH"),
 )
 PYTHON = Flag("python", (), Str, None, None, "The Python that runs a .py PROGRAM.",
               "defaults.python", (), field=False)  # a spec key with no flag

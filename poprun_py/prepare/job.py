@@ -106,6 +106,12 @@ class LaunchOptions:
     min_progress: int | None = None
     progress_file: str | None = None
     forward_signals: str | None = None  # USR1,USR2,HUP (parsed here)
+    node_rank: int | None = None  # per-node mode (poprun_py.pernode.identity)
+    nnodes: int | None = None
+    coordinator: str | None = None  # HOST[:PORT]
+    per_node: bool = False
+    join_timeout: float = 120.0  # seconds
+    secret_file: str | None = None  # a path: the secret itself never passes through argv
 
     @property
     def ssh(self) -> SshOptions:
