@@ -5,8 +5,10 @@ other. The protocol's users (:class:`~poprun_py.agent.client.AgentConnection`,
 :mod:`poprun_py.backends.ssh`) talk to a Stream only, never to the transport beneath.
 
 A Paramiko channel is one transport (:class:`ChannelStream`); an OpenSSH client process is
-the other (:class:`ProcessStream`: its stdin and stdout pipes, the end of its stdout as the
-end, its stderr kept for :meth:`Stream.last_words`). :mod:`poprun_py.testing.streams` has a
+another (:class:`ProcessStream`: its stdin and stdout pipes, the end of its stdout as the
+end, its stderr kept for :meth:`Stream.last_words`); a per-node launch's joined node is the
+third (:class:`SocketStream`: a TCP connection, authenticated before, whose far end relays an
+agent's stdin and stdout: :mod:`poprun_py.pernode.node`). :mod:`poprun_py.testing.streams` has a
 fake one for tests of the protocol.
 
 Example::
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import threading
 from typing import TYPE_CHECKING, Protocol
@@ -235,6 +238,80 @@ class ProcessStream:
         """The last line of the process's stderr."""
         self._stderr.join(0.2 if self.process.poll() is not None else 0.0)
         return last_line(self.stderr)
+
+
+class SocketStream:
+    """A connected socket as a :class:`Stream`: what arrives in (read without waiting), what
+    is written out (all of it, waiting for room), the peer's close (or a reset) as the end.
+    There is no diagnostics channel: :attr:`said` (set by whoever knows why the peer ended,
+    '' by default) is the last words."""
+
+    def __init__(self, sock: socket.socket, said: str = ""):
+        self.sock = sock
+        sock.setblocking(True)
+        self._pending = bytearray()
+        self._eof = False
+        self._lock = threading.Lock()
+        self.said = said
+
+    def _pull(self) -> None:
+        """Move what the socket holds into the buffer; note its end."""
+        with self._lock:
+            while not self._eof:
+                try:
+                    chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:  # reset, or closed here
+                    chunk = b""
+                if not chunk:
+                    self._eof = True
+                self._pending += chunk
+
+    def fileno(self) -> int:
+        """The socket: readable while data is unread, and at its end (-1 once closed)."""
+        return self.sock.fileno()
+
+    def ready(self) -> bool:
+        """Unread data."""
+        self._pull()
+        return bool(self._pending)
+
+    def read(self) -> bytes:
+        """The unread data."""
+        self._pull()
+        with self._lock:
+            data, self._pending = bytes(self._pending), bytearray()
+        return data
+
+    def ended(self) -> bool:
+        """The peer closed its side (or the connection broke), or this side closed it."""
+        self._pull()
+        return self._eof
+
+    def write(self, data: bytes) -> None:
+        """All of ``data``; OSError (BrokenPipeError, ConnectionResetError) once it is broken."""
+        if self.sock.fileno() < 0:
+            raise BrokenPipeError("the stream is closed")
+        self.sock.sendall(data)
+
+    def send_eof(self) -> None:
+        """Shut down this side's direction: the peer reads the end."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        """Shut down both directions and close the socket."""
+        with self._lock:
+            self._eof = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def last_words(self) -> str:
+        """Why the peer ended, when someone said (:attr:`said`)."""
+        return self.said
 
 
 def last_line(text: bytes) -> str:
