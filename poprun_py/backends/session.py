@@ -151,7 +151,8 @@ class RemoteSession:
     PATH (the launcher: mpirun, mpiexec.hydra); ``direct_only``, when set, says why every host
     must be reached without a jump host (MPI daemons connect back); ``stages`` says whether the
     job's files must be written through the agents before it starts (the ssh backend's agents
-    write them as part of the job)."""
+    write them as part of the job); ``pool``, when given, is the hosts' pool (per-node mode's
+    joined nodes: :class:`~poprun_py.pernode.coordinator.JoinedPool`), else one is opened."""
 
     def __init__(
         self,
@@ -162,11 +163,12 @@ class RemoteSession:
         stages: bool,
         tools: Mapping[str, str] | None = None,
         direct_only: str | None = None,
+        pool: ConnectionPool | None = None,
     ):
         from poprun_py.agent.client import AgentPool
         from poprun_py.ssh.pool import ConnectionPool
 
-        self.pool: ConnectionPool = ConnectionPool(
+        self.pool: ConnectionPool = pool or ConnectionPool(
             list(prep.plan.cluster.hosts), ssh_settings(prep)
         )
         self.agents: AgentPool = AgentPool(self.pool)
