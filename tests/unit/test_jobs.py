@@ -16,6 +16,7 @@ import pytest
 
 from poprun_py.errors import UsageError
 from poprun_py.hostside import hostops
+from poprun_py.hostside.bundle import bundle
 from poprun_py.jobs import registry
 from poprun_py.jobs.record import JobRecord, check_job_id, from_json, new_job_id, observed, to_json
 from poprun_py.jobs.supervisor import Recorder
@@ -139,7 +140,7 @@ def test_host_operations_follow_a_job_until_its_supervisor_ends_and_stop_it(
 @pytest.mark.parametrize("version", [pytest.param("3.7", marks=pytest.mark.old_pythons), "this"])
 def test_the_host_operations_run_as_a_script_on_an_old_python(tmp_path: Path, version: str) -> None:
     write_job(tmp_path / "jobs", "j1", pid=1, pid_start=hostops.pid_start(1))
-    script = Path(hostops.__file__).read_text()
+    script = bundle("hostops")  # what ships: hostops with its imports inlined
     env = {"PATH": os.environ["PATH"], "LOGNAME": "nobody-here"}
     if version == "this":
         python = sys.executable
