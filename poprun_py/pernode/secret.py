@@ -52,13 +52,11 @@ def read_secret(secret_file: str | None, environ: Mapping[str, str]) -> bytes:
 
 def _from_file(path: str, source: str) -> bytes:
     try:
+        _check_mode(os.stat(path), path, source)  # before open: a FIFO would block it
         with open(path, "rb") as handle:
-            _check_mode(os.fstat(handle.fileno()), path, source)
             data = handle.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise _fault(f"secret file {path!r} ({source}) does not exist") from None
-    except IsADirectoryError:
-        raise _fault(f"secret file {path!r} ({source}) is a directory") from None
     except OSError as exc:
         raise _fault(f"cannot read secret file {path!r} ({source}): {exc.strerror}") from None
     if len(data) > MAX_BYTES:
