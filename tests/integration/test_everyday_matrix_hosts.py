@@ -53,6 +53,11 @@ NOT_SHOWN_LIVE = {
     "yes": "with --up",
     "cluster": "the spec-less launch here passes the SSH flags instead; every other "
     "hosts test launches with -c",
+    **dict.fromkeys(
+        ("node_rank", "nnodes", "coordinator", "per_node", "join_timeout", "secret_file"),
+        "per-node mode (one launcher per node, no SSH between them): the per-node tests launch "
+        "it on network namespaces without sshd",
+    ),
 }
 SHOWN_LIVE = {
     "program", "hosts", "replicas", "devices_per_replica", "group_size", "inputs", "eval_pad",
