@@ -37,11 +37,17 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from poprun_py.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_PREFLIGHT, PoprunError
+from poprun_py.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_PREFLIGHT,
+    PoprunError,
+    UsageError,
+)
 from poprun_py.pernode import wire
 
 if TYPE_CHECKING:
@@ -181,6 +187,36 @@ def node_loop(
         relay([str(word) for word in value], sock, lines.rest)
         within = min(join_timeout, RECONNECT)
         deadline = wire.deadline_in(within)
+
+
+def launch_per_node(
+    prep: Prepared,
+    launch: Callable[[Prepared, Backend], None],
+    *,
+    detach: bool = False,
+    sync: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """``launch`` in per-node mode (the CLI's): this node's identity and the secret from the
+    options and ``environ`` (default: this process's), then :func:`per_node`. UsageError
+    (exit 2) for what per-node mode cannot do: ``--detach`` (node 0's launcher is the job's
+    supervisor), ``--sync`` (it needs SSH: put the files on every node) and spare hosts."""
+    from poprun_py.pernode.identity import resolve_identity
+    from poprun_py.pernode.secret import read_secret
+
+    env = os.environ if environ is None else environ
+    unavailable = {
+        "--detach": detach,
+        "--sync": sync,
+        "--spare-hosts": bool(prep.long_run.spares),
+    }
+    for flag, given in unavailable.items():
+        if given:
+            raise UsageError(f"{flag} is not available in per-node mode (docs/per-node.md)")
+    opts = prep.options
+    node = resolve_identity(opts.node_rank, opts.nnodes, opts.coordinator, env)
+    secret = read_secret(opts.secret_file, env)
+    per_node(prep, node, secret, opts.join_timeout, launch)
 
 
 def per_node(

@@ -15,12 +15,12 @@ import pytest
 
 from poprun_py.backends.base import Backend
 from poprun_py.core.result import LaunchResult, RunSettings
-from poprun_py.errors import LaunchFailed, PreflightError
+from poprun_py.errors import LaunchFailed, PreflightError, UsageError
 from poprun_py.launch import launcher
 from poprun_py.pernode import wire
 from poprun_py.pernode.coordinator import Coordinator, PortInUse
 from poprun_py.pernode.identity import NodeIdentity
-from poprun_py.pernode.node import CoordinatorUnreachable, JobFailed, per_node
+from poprun_py.pernode.node import CoordinatorUnreachable, JobFailed, launch_per_node, per_node
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 SECRET = b"a-shared-secret-of-24-by"
@@ -178,3 +178,26 @@ def test_a_stranger_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> N
             assert stranger.recv(100) == b""  # closed on it
         assert coordinator.refused and "not a poprun-py node" in coordinator.refused[0]
     assert "refused a connection from 127.0.0.1" in caplog.text
+
+
+def test_what_per_node_mode_cannot_do_is_refused_in_one_line() -> None:
+    prep = prepared(["true"], node_rank=1, nnodes=3, coordinator="127.0.0.1:9")
+    with pytest.raises(UsageError, match="--detach is not available in per-node mode"):
+        launch_per_node(prep, _never, detach=True, environ={"POPRUN_SECRET": SECRET.decode()})
+    with pytest.raises(UsageError, match="--sync is not available"):
+        launch_per_node(prep, _never, sync=True, environ={"POPRUN_SECRET": SECRET.decode()})
+
+
+def test_the_identity_and_secret_come_from_the_environment() -> None:
+    prep = prepared(["true"], per_node=True, join_timeout=0.3)
+    env = {
+        "PET_NODE_RANK": "2",
+        "PET_NNODES": "3",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(free_port()),
+        "POPRUN_SECRET": SECRET.decode(),
+    }
+    with pytest.raises(CoordinatorUnreachable, match="node 2 cannot reach the coordinator"):
+        launch_per_node(prep, _never, environ=env)
+    with pytest.raises(UsageError, match="secret"):
+        launch_per_node(prep, _never, environ={k: v for k, v in env.items() if "SECRET" not in k})
