@@ -14,11 +14,11 @@ never its name).
 Example:
 
     >>> sorted(BACKENDS)
-    ['local', 'mpiexec', 'mpirun', 'slurm', 'ssh']
+    ['k8s', 'local', 'mpiexec', 'mpirun', 'slurm', 'ssh']
     >>> get_backend("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: local, mpiexec, ...
+    poprun_py.errors.UnknownNameError: unknown backend 'nope'; choose one of: k8s, local, ...
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from poprun_py.cli import onekey, option_model
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app
 from poprun_py.cli.examples import epilog
+from poprun_py.core.backends import capabilities
 from poprun_py.errors import UsageError
 from poprun_py.prepare.job import Prepared, prepare
 
@@ -57,6 +58,7 @@ def _command(mode: str) -> Callable[..., None]:
         if only is not None and only < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
         one_key = onekey.OneKey(given["up"], given["down"], given["yes"], given["detach"])
+        _only_rendered(mode, opts.backend)
         with onekey.cycle(opts, one_key, mode, dry_run) as opts:
             prep = prepare(opts)
             _RETAINED.append(prep)  # freed with the process, not object by object
@@ -64,10 +66,11 @@ def _command(mode: str) -> Callable[..., None]:
             if mode == "plan":
                 show_plan(prep.plan, fmt)
                 return
+            _only_rendered(mode, prep.backend)
             values = option_model.option_values(ctx.params, opts)
             if mode == "render" or dry_run:
                 batch = functools.partial(option_model.batch_argv, values)
-                _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch)
+                _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch, values=values)
                 return
             swaps: list[str] = []
             choices = None  # a detached job's supervisor makes the same swaps (check.replay)
@@ -103,6 +106,29 @@ def _command(mode: str) -> Callable[..., None]:
         "latency and bandwidth per host (exit 3 naming slow or broken hosts). PROGRAM is not run.",
     }[mode]
     return command
+
+
+def _only_rendered(mode: str, backend: str | None) -> None:
+    """Refuse ``launch``/``check`` of a backend that is only rendered (k8s), in one line."""
+    if mode not in ("plan", "render") and capabilities(backend).renders_manifest:
+        from poprun_py.render.k8s import not_launched
+
+        raise UsageError(not_launched(str(backend)))
+
+
+def _show_manifest(prep: Prepared, values: "Mapping[str, Any]", fmt: str) -> None:
+    """``render --backend k8s``: the manifest whose pods run ``launch --per-node`` (YAML; the
+    same objects as one ``v1`` List for ``--format json``)."""
+    from poprun_py.render import k8s
+
+    request = k8s.Request(values["k8s_image"], values["k8s_kind"], values["k8s_name"])
+    args = option_model.passed_on(k8s.pod_values(values, prep.plan), tuple(k8s.NOT_IN_THE_POD))
+    restarts = prep.long_run.max_restarts
+    text = k8s.render_manifest(prep.plan, request, args, restarts, prep.templates)
+    if fmt == "json":
+        items = k8s.manifest_objects(text)
+        text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=1) + "\n"
+    sys.stdout.write(text)
 
 
 def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str) -> None:
@@ -168,7 +194,11 @@ def _show_rendered(
     with_plan: bool,
     *,
     batch: "Callable[[bool], list[str]] | None" = None,
+    values: "Mapping[str, Any] | None" = None,
 ) -> None:
+    if capabilities(prep.backend).renders_manifest:  # launch --dry-run was refused before
+        _show_manifest(prep, values or {}, fmt)
+        return
     from poprun_py.backends import get_backend
     from poprun_py.launch import launcher
     from poprun_py.render.display import format_job, job_dict

@@ -9,9 +9,11 @@ fails when a module outside ``backends/`` compares a backend's name.
 Example:
 
     >>> list(REGISTRY)
-    ['local', 'ssh', 'mpirun', 'mpiexec', 'slurm']
+    ['local', 'ssh', 'mpirun', 'mpiexec', 'slurm', 'k8s']
     >>> capabilities("slurm").outlives_client, capabilities("nope") == Capabilities()
     (True, True)
+    >>> capabilities("k8s").renders_manifest
+    True
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class Capabilities:
     unforwardable: tuple[tuple[str, str], ...] = ()
     """The signals (``SIGHUP``) that ``--forward-signals`` may name but its launcher cannot pass
     on to the instances, each with why: refused before anything starts."""
+    renders_manifest: bool = False
+    """Is it rendered, never launched (Kubernetes: ``render`` writes a manifest that runs
+    ``launch --per-node`` in every pod)? Then ``launch`` and ``check`` refuse it."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ REGISTRY: dict[str, Registered] = {
             unforwardable=(("SIGHUP", "srun ends the job step on SIGHUP"),),
         ),
     ),
+    "k8s": Registered("poprun_py.backends.k8s:K8sBackend", Capabilities(renders_manifest=True)),
 }
 """Backend name -> its class and capabilities: the one list (tests may register a fake)."""
 

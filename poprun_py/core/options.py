@@ -20,6 +20,7 @@ from poprun_py.core.backends import REGISTRY
 
 H_SIZE, H_HOSTS, H_RUN, H_OUT, H_SSH = "Sizes", "Hosts", "Running", "Output", "SSH"
 H_HW, H_SLURM, H_LONG, H_ONE_KEY = "Hardware and network", "Slurm", "Long runs", "Provisioning"
+H_K8S = "Kubernetes"
 H_NODE = "Per node"
 PER_NODE = (
     "per-node mode runs a launcher on every node; the batch job's one launch starts every "
@@ -115,9 +116,10 @@ _ENTRIES = (
          "defaults.strict_shards"),
     Flag("env", ("--env", "-e"), Strs, None, H_RUN, "KEY=VALUE for every instance "
          "(repeatable); KEY alone passes the caller's value as a secret, never printed.", "env"),
-    Flag("backend", ("--backend", "-b"), Str, None, H_RUN, "local | ssh | mpirun | mpiexec | "
-         "slurm (default: local when every host is this machine, slurm inside an allocation, "
-         "else ssh).", "defaults.backend", choices=tuple(REGISTRY),
+    Flag("backend", ("--backend", "-b"), Str, None, H_RUN, f"{' | '.join(REGISTRY)} (default: "
+         "local when every host is this machine, slurm inside an allocation, else ssh; k8s "
+         "is only rendered: a manifest for kubectl apply).", "defaults.backend",
+         choices=tuple(REGISTRY),
          batch="the batch job runs with --backend slurm, whatever render was given",
          detach="the record's launch options carry the backend the client resolved"),
     Flag("workdir", ("--workdir",), Str, None, H_RUN, "Working directory of every instance.",
@@ -182,6 +184,15 @@ _ENTRIES = (
     Flag("slurm_partition", ("--partition",), Str, None, H_SLURM, "Slurm partition to allocate "
          "from."),
     Flag("slurm_account", ("--account",), Str, None, H_SLURM, "Slurm account to charge."),
+    Flag("k8s_image", ("--image",), Str, None, H_K8S, "render --backend k8s: the pods' "
+         "container image, with poprun-py and the program (required there).",
+         commands=("render",), field=False),
+    Flag("k8s_kind", ("--k8s-kind",), str, "jobset", H_K8S, "render --backend k8s: jobset "
+         "(a JobSet, jobset.x-k8s.io/v1alpha2) or job (an Indexed Job with a headless "
+         "Service); default jobset.", commands=("render",), field=False),
+    Flag("k8s_name", ("--k8s-name",), Str, None, H_K8S, "render --backend k8s: the name of "
+         "the JobSet or Job, and its pods' subdomain (default: poprun-<program>).",
+         commands=("render",), field=False),
     Flag("network", ("--network",), Str, None, H_HW, "The network instances talk on (e.g. "
          "10.1.0.0/16): per host the interface with an address in it sets MASTER_ADDR, "
          "GLOO/NCCL_SOCKET_IFNAME and MPI's interface (default: the spec's network:).",
