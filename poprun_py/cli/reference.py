@@ -69,6 +69,10 @@ def _launching(entries: Mapping[str, Flag]) -> Iterator[str]:
     yield from (f"- `{name}`: {(group[name].help or '').split(chr(10))[0]}" for name in LAUNCHING)
     yield from ["", "They take the same options.", "", HEAD]
     yield from (row(f) for f in taken_by("launch", entries))
+    rest = [f for f in entries.values() if "launch" not in f.commands and f.commands]
+    for name in (n for n in LAUNCHING if any(n in f.commands for f in rest)):
+        yield from ["", f"Only `{name}` takes these:", "", HEAD]
+        yield from (row(f) for f in rest if name in f.commands)
 
 
 def _others(entries: Mapping[str, Flag]) -> Iterator[str]:

@@ -191,7 +191,7 @@ _ENTRIES = (
          "(a JobSet, jobset.x-k8s.io/v1alpha2) or job (an Indexed Job with a headless "
          "Service); default jobset.", commands=("render",), field=False),
     Flag("k8s_name", ("--k8s-name",), Str, None, H_K8S, "render --backend k8s: the name of "
-         "the JobSet or Job, and its pods' subdomain (default: poprun-<program>).",
+         "the JobSet or Job, and its pods' subdomain (default: poprun-PROGRAM, as a DNS label).",
          commands=("render",), field=False),
     Flag("network", ("--network",), Str, None, H_HW, "The network instances talk on (e.g. "
          "10.1.0.0/16): per host the interface with an address in it sets MASTER_ADDR, "
