@@ -139,12 +139,14 @@ def _check(request: Request) -> tuple[str, str]:
 
 
 def job_name(request: Request, program: Sequence[str]) -> str:
-    """``--k8s-name``, else ``poprun-<program>`` (its last word without ``.py``, as a DNS
-    label: lower case, ``-`` for anything else)."""
+    """``--k8s-name``, else ``poprun-<program>``: its first word that is not Python nor an
+    option (``python3 train.py`` -> ``train``), without ``.py``, as a DNS label (lower case,
+    ``-`` for anything else)."""
     if request.name:
         return request.name
-    words = [w for w in program if not w.startswith("-")]
-    base = posixpath.basename(words[-1] if words else "job").removesuffix(".py")
+    names = [posixpath.basename(w) for w in program if not w.startswith("-")]
+    words = [w for w in names if not w.startswith("python")] or names
+    base = (words[0] if words else "job").removesuffix(".py")
     slug = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-") or "job"
     return f"poprun-{slug}"[:40].rstrip("-")
 

@@ -28,7 +28,7 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import uniform
 from poprun_py.errors import RenderError
-from poprun_py.render.k8s import SECRET_FILE, resources
+from poprun_py.render.k8s import SECRET_FILE, Request, job_name, resources
 
 POD16 = Path(__file__).resolve().parents[2] / "clusters" / "pod16.yaml"
 IMAGE = "registry.example/train:1"
@@ -248,6 +248,20 @@ def test_resources_come_from_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
     assert not any(w.startswith(("--cluster", "-c", "--backend")) for w in command)
     [bare] = manifest(capsys, "-H", "a,b", "-r", "2", "train.py")  # no topology declared
     assert "resources" not in container(bare)
+
+
+@pytest.mark.parametrize(
+    ("program", "name"),
+    [
+        (("python3", "/src/Train_BERT.py", "--epochs", "10"), "poprun-train-bert"),
+        (("./run.sh", "x"), "poprun-run-sh"),
+        (("python3", "-m", "pkg.main"), "poprun-pkg-main"),
+        (("sh", "-c", "echo $RANK"), "poprun-sh"),
+        (("python3",), "poprun-python3"),
+    ],
+)
+def test_the_default_name_is_the_program_s(program: tuple[str, ...], name: str) -> None:
+    assert job_name(Request("i"), program) == name
 
 
 def plan_with(*topologies: Any) -> LaunchPlan:
