@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,11 @@ from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import JobSpec, cluster_from_hosts
 from poprun_py.core.topology import uniform
 from poprun_py.errors import RenderError
+from poprun_py.prepare.job import free_port
 from poprun_py.render.k8s import SECRET_FILE, Request, job_name, resources
 
-POD16 = Path(__file__).resolve().parents[2] / "clusters" / "pod16.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+POD16 = ROOT / "clusters" / "pod16.yaml"
 IMAGE = "registry.example/train:1"
 SECRET_VALUE = "correct horse battery staple, never in a manifest"
 
@@ -328,6 +333,43 @@ def test_the_pods_command_is_a_launch_the_cli_takes(capsys: pytest.CaptureFixtur
     assert ctx.params["per_node"] is True and ctx.params["timeout"] is not None
     assert tuple(ctx.params["program"]) == ("train.py", "--lr", "0.1")
     assert "A=b c" in ctx.params["env"]
+
+
+def test_two_pods_run_the_rendered_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pods' command and environment, as written, run the job: two processes here stand
+    for two pods (their names, the Secret's path and the coordinator's port made local)."""
+    [jobset] = manifest(capsys, "-H", "a,b", "-r", "2", "--", "sh", "-c", "echo rank $RANK")
+    argv = [sys.executable, "-m", "poprun_py", *container(jobset)["command"][1:]]
+    argv[argv.index("--hosts") + 1] = "127.0.0.1,localhost"
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 32)
+    secret.chmod(0o600)
+    argv = [w.replace(SECRET_FILE, str(secret)) for w in argv]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("POPRUN_", "PET_"))}
+    clean = {k: v for k, v in clean.items() if not k.startswith(("SLURM_", "OMPI_"))}
+    base = {**clean, **env(jobset), "POPRUN_COORDINATOR": f"127.0.0.1:{free_port()}"}
+    base["PYTHONPATH"] = str(ROOT)
+    pods = [
+        subprocess.Popen(
+            argv,
+            env={**base, "JOB_COMPLETION_INDEX": str(rank)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for rank in range(2)
+    ]
+    try:
+        outputs = [pod.communicate(timeout=90) for pod in pods]
+    finally:
+        for pod in pods:
+            pod.kill()
+    assert [pod.returncode for pod in pods] == [0, 0], outputs
+    assert "rank 0" in outputs[0][0] and "rank 1" in outputs[0][0], outputs
 
 
 def test_json_is_the_same_objects_as_one_list(capsys: pytest.CaptureFixture[str]) -> None:
