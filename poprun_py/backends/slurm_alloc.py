@@ -13,6 +13,8 @@ The step itself is rendered by ``templates/srun.j2`` (see its header: task place
 - :func:`cancel_steps` -- cancel steps or jobs by name (what a killed srun leaves running);
 - :func:`unstage_argv` -- the step that removes what the task step staged on its nodes
   (``srun --bcast``'s copy of the task script, and shard files the tasks wrote beside it);
+- :func:`nodelist` -- a ``--nodelist`` value: the names, folded into Slurm's hostlist syntax
+  when they would be long (one argument is at most 128 KiB on Linux);
 - :func:`batch_script` -- ``templates/sbatch.j2``: ``#SBATCH`` directives for the request, and a
   body that runs ``poprun-py launch --backend slurm ...`` inside the allocation, where hosts
   come from Slurm at run time.
@@ -136,7 +138,7 @@ def request_options(req: SlurmRequest) -> list[str]:
     if req.exclusive:
         opts.append("--exclusive")
     if req.nodelist:
-        opts.append(f"--nodelist={','.join(req.nodelist)}")
+        opts.append(f"--nodelist={nodelist(req.nodelist)}")
     if req.no_kill:
         opts.append("--no-kill")
     return opts
@@ -298,13 +300,67 @@ def unstage_argv(launcher: Sequence[str], hosts: Sequence[str]) -> list[str] | N
         f"--nodes={len(nodes)}",
         f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
-        f"--nodelist={','.join(nodes)}",
+        f"--nodelist={nodelist(nodes)}",
         "/bin/sh",
         "-c",
         'rm -f -- "$1" "${1%.sh}".shard-*.txt',
         "sh",
         stage,
     ]
+
+
+NODELIST_FOLD = 16 * 1024
+"""A node list longer than this (bytes, joined by commas) goes to Slurm folded
+(``node[0001-4096]``): Linux takes at most 128 KiB in one argument (MAX_ARG_STRLEN)."""
+_NUMBERED = re.compile(r"\A(.*?)(\d+)(\D*)\Z")
+
+
+def nodelist(nodes: Sequence[str]) -> str:
+    """``--nodelist``'s value for ``nodes`` (an unordered set to Slurm): the names joined by
+    commas, or folded (:func:`fold_hosts`) when that is longer than :data:`NODELIST_FOLD`.
+
+    >>> nodelist(["n1", "n2"])
+    'n1,n2'
+    >>> len(nodelist([f"node{i:05d}.cluster.example.org" for i in range(20_000)]))
+    37
+    """
+    names = list(dict.fromkeys(nodes))
+    joined = ",".join(names)
+    return fold_hosts(names) if len(joined.encode()) > NODELIST_FOLD else joined
+
+
+def fold_hosts(names: Iterable[str]) -> str:
+    """Slurm's hostlist expression for ``names`` (duplicates dropped): names that differ only
+    in their last number, written with as many digits, become one ``prefix[ranges]suffix``;
+    the others stay as they are.
+
+    >>> fold_hosts(["n01", "n02", "n03", "n05", "n10", "n9", "login", "r1-ib", "r2-ib"])
+    'n[01-03,05,10],n9,login,r[1-2]-ib'
+    """
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for name in dict.fromkeys(names):
+        match = _NUMBERED.match(name)
+        if match is None:
+            groups[(name, "", 0)] = []
+            continue
+        prefix, digits, suffix = match.groups()
+        groups.setdefault((prefix, suffix, len(digits)), []).append(int(digits))
+    return ",".join(_folded(*key, numbers) for key, numbers in groups.items())
+
+
+def _folded(prefix: str, suffix: str, width: int, numbers: list[int]) -> str:
+    if not numbers:
+        return prefix
+    if len(numbers) == 1:
+        return f"{prefix}{numbers[0]:0{width}d}{suffix}"
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    parts = [f"{lo:0{width}d}" + (f"-{hi:0{width}d}" if hi > lo else "") for lo, hi in runs]
+    return f"{prefix}[{','.join(parts)}]{suffix}"
 
 
 def named_ids(listing: str, names: Iterable[str]) -> list[str]:

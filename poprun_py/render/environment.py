@@ -24,7 +24,7 @@ from poprun_py.core import shellwords
 from poprun_py.core.backends import REGISTRY
 from poprun_py.core.topology import format_cpulist
 from poprun_py.errors import PoprunError, RenderError
-from poprun_py.render.filters import quote, quoted, word, words
+from poprun_py.render.filters import fits, quote, quoted, word, words
 
 if TYPE_CHECKING:
     import jinja2
@@ -100,7 +100,8 @@ def cached_environment(user_dir: str | None) -> jinja2.Environment:
         keep_trailing_newline=True,
         bytecode_cache=bytecode_cache(),
     )
-    jenv.filters.update(quote=quote, quoted=quoted, word=word, words=words, cpulist=format_cpulist)
+    jenv.filters.update(quote=quote, quoted=quoted, word=word, words=words, fits=fits)
+    jenv.filters.update(cpulist=format_cpulist)
     return jenv
 
 

@@ -2,7 +2,8 @@
 
 ``quote`` (one shell word), ``quoted`` (a list of them, optionally each after a flag),
 ``word``/``words`` (the same for whitespace-separated files such as a hostfile or an Open MPI
-appfile: unchanged, or a RenderError), and the tests of what a launcher's syntax can carry.
+appfile: unchanged, or a RenderError), ``fits`` (a line a launcher reads into a fixed buffer),
+and the tests of what a launcher's syntax can carry.
 
 Example:
 
@@ -53,6 +54,19 @@ def words(values: Iterable[object], flag: str | None = None) -> str:
             word(text)
     lead = f"{flag} " if flag else ""
     return lead + f" {lead}".join(texts) if texts else ""
+
+
+def fits(line: str, limit: int, reader: str) -> str:
+    """The ``fits`` filter: ``line`` unchanged when it has at most ``limit`` bytes, else
+    RenderError naming ``reader``, the program that would cut it (Open MPI 4.1 reads an appfile
+    line into an 8 KiB buffer and runs the rest of a longer one as another app context)."""
+    size = len(line.encode())
+    if size > limit:
+        raise RenderError(
+            f"a line of {size} bytes is too long for {reader} (at most {limit}): shorten the "
+            "program's arguments or the environment values"
+        )
+    return line
 
 
 def is_word(text: str) -> bool:

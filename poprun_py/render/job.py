@@ -19,9 +19,12 @@ Template context, the same for every launcher: ``backend``, ``plan`` (the Launch
 machines as launchers name them, with their slots), ``instances`` (:class:`InstanceContext`),
 ``secrets``, ``mpi_args``, ``mpi_subnet``, ``mpi_network``, ``as_root`` and ``appfile``: true
 when the per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a
-template should move it into a file; then the values and program words that cannot be one word
-of such a file are passed by name (below) or run through :data:`EXEC_ARGV`. Filters: those of
-:mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``) and ``cpulist``.
+template should move it into a file (Open MPI's ``--app``; hydra's ranks read their own line:
+the command line then stays the same size whatever the number of hosts and instances, and host
+lists are always in files); then the values and program words that cannot be one word of such a file are
+passed by name (below; ``by_name`` names them all) or run through :data:`EXEC_ARGV`. Filters:
+those of :mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``, ``fits``)
+and ``cpulist``.
 
 The context offers no secret value: in ``inst.env`` a ``None`` value means "pass this variable
 by name"; its value is in :attr:`RenderedJob.launcher_env`.
@@ -78,7 +81,9 @@ if TYPE_CHECKING:
 ARGV_LIMIT = 100 * 1024
 """Command lines longer than this (bytes) move their per-instance part into a file."""
 ARGV_MAX = 2 * 1024 * 1024
-"""Linux refuses to exec command lines (plus environment) beyond about this size."""
+"""Linux refuses to exec command lines (plus environment) beyond about this size (ARG_MAX)."""
+MAX_ARG_STRLEN = 128 * 1024
+"""Linux refuses to exec a command with one argument (or environment string) this long."""
 EXEC_VAR = "POPRUN_EXEC"
 EXEC_ARGV = ("/bin/sh", "-c", 'eval${IFS}"$POPRUN_EXEC"')
 """Runs the program from $POPRUN_EXEC when its words cannot be written to the launcher's syntax
@@ -484,11 +489,16 @@ def _render_launcher(
         contexts, launcher_env = launch.contexts_for(appfile)
         files = _FileCollector()
         context = {**base, "instances": contexts, "appfile": appfile, "file": files}
+        context["by_name"] = tuple(launcher_env)
         argv = split_rendered(render_text(jenv, name, context), name)
         size = sum(len(a.encode()) + 1 for a in argv)
         if appfile or size <= argv_limit:
             break
         appfile = True
-    if size > ARGV_MAX:
-        raise RenderError(f"{name}: the command line is {size} bytes, more than the OS accepts")
+    longest = max(len(a.encode()) + 1 for a in argv)
+    if size > ARGV_MAX or longest > MAX_ARG_STRLEN:
+        raise RenderError(
+            f"{name}: the command line is {size} bytes, its longest argument {longest}: "
+            "more than the OS accepts"
+        )
     return argv, launcher_env, files.files
