@@ -230,6 +230,8 @@ def pod_values(values: Mapping[str, Any], plan: LaunchPlan) -> dict[str, Any]:
         "replicas": plan.num_replicas,
         "instances": plan.num_instances,
         "devices_per_replica": plan.devices_per_replica,
+        "group_size": plan.group_size,
+        "numa_aware": plan.numa_aware,
         "env": env,
     }
 

@@ -249,7 +249,8 @@ def test_resources_come_from_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
     asks = container(jobset)["resources"]
     assert asks["requests"] == asks["limits"] == {"cpu": "128", "nvidia.com/gpu": "16"}
     command = container(jobset)["command"]  # the spec's sizes, for pods without the spec
-    assert {"--replicas=64", "--instances=16", "--devices-per-replica=4"} <= set(command)
+    sizes = {"--replicas=64", "--instances=16", "--devices-per-replica=4", "--group-size=4"}
+    assert sizes | {"--numa-aware"} <= set(command)
     assert not any(w.startswith(("--cluster", "-c", "--backend")) for w in command)
     [bare] = manifest(capsys, "-H", "a,b", "-r", "2", "train.py")  # no topology declared
     assert "resources" not in container(bare)
@@ -339,10 +340,12 @@ def test_two_pods_run_the_rendered_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The pods' command and environment, as written, run the job: two processes here stand
-    for two pods (their names, the Secret's path and the coordinator's port made local)."""
+    for two pods (their names, the Secret's path and the ports made local)."""
     [jobset] = manifest(capsys, "-H", "a,b", "-r", "2", "--", "sh", "-c", "echo rank $RANK")
     argv = [sys.executable, "-m", "poprun_py", *container(jobset)["command"][1:]]
     argv[argv.index("--hosts") + 1] = "127.0.0.1,localhost"
+    # hosts of this machine get a free MASTER_PORT each (pods' names get 29500): the same here
+    argv.insert(argv.index("--"), f"--master-port={free_port()}")
     secret = tmp_path / "secret"
     secret.write_text("s" * 32)
     secret.chmod(0o600)
