@@ -21,10 +21,10 @@ machines as launchers name them, with their slots), ``instances`` (:class:`Insta
 when the per-instance part would make the command line longer than :data:`ARGV_LIMIT`, so a
 template should move it into a file (Open MPI's ``--app``; hydra's ranks read their own line:
 the command line then stays the same size whatever the number of hosts and instances, and host
-lists are always in files); then the values and program words that cannot be one word of such a file are
-passed by name (below; ``by_name`` names them all) or run through :data:`EXEC_ARGV`. Filters:
-those of :mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``, ``fits``)
-and ``cpulist``.
+lists are always in files); then the values and program words that cannot be one word of such a
+file are passed by name (below; ``by_name`` names them all) or run through :data:`EXEC_ARGV`.
+Filters: those of :mod:`poprun_py.render.filters` (``quote``, ``quoted``, ``word``, ``words``,
+``fits``) and ``cpulist``.
 
 The context offers no secret value: in ``inst.env`` a ``None`` value means "pass this variable
 by name"; its value is in :attr:`RenderedJob.launcher_env`.
