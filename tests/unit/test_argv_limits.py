@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
@@ -163,8 +165,11 @@ def test_no_process_passes_the_argv_limits_at_4096_hosts(backend: str) -> None:
 @pytest.mark.parametrize("backend", ["mpirun", "mpiexec"])
 def test_mpi_launchers_read_hosts_and_contexts_from_files_at_scale(backend: str) -> None:
     job = rendered(backend)
-    tail = {"mpirun": ("--app", f"{JOB_DIR}/appfile"), "mpiexec": ("/bin/sh", f"{JOB_DIR}/rank")}
-    assert job.launcher[-2:] == tail[backend]
+    tail = {
+        "mpirun": ("--app", f"{JOB_DIR}/appfile"),
+        "mpiexec": ("/bin/sh", "-c", f". {JOB_DIR}/rank", "poprun-rank"),  # RANK_WRAPPER's $0
+    }[backend]
+    assert job.launcher[-len(tail) :] == tail
     assert len(job.files["appfile"].splitlines()) == len(job.instances)
     assert len(job.files["hostfile"].splitlines()) == 4096
 
@@ -255,3 +260,39 @@ def test_an_appfile_line_open_mpi_would_cut_is_a_render_error() -> None:
     with pytest.raises(RenderError, match="too long for Open MPI's appfile"):
         render_job(plan, "mpirun", job_dir=JOB_DIR, argv_limit=1)
     assert "appfile" in render_job(plan, "mpiexec", job_dir=JOB_DIR, argv_limit=1).files
+
+
+WAIT_FOR_SIGNAL = (
+    "trap 'echo got > \"$REPORT_DIR/sig-$RANK\"; exit 0' USR1; "
+    'echo up > "$REPORT_DIR/up-$RANK"; while :; do sleep 0.05; done'
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.requires("mpiexec.hydra")
+def test_big_mpiexec_form_keeps_its_rank_wrappers_signalled(tmp_path: Path) -> None:
+    """The file form's wrappers are found and signalled past hydra as the inline form's are
+    (a stack dump's SIGUSR1): each rank gets it, and ends."""
+    from poprun_py.hostside.stackdump import signal_ranks
+
+    env = (EnvVar("REPORT_DIR", str(tmp_path)),)
+    plan = sim_plan(1, env, ("/bin/sh", "-c", WAIT_FOR_SIGNAL))
+    job = render_job(plan, "mpiexec", job_dir=str(tmp_path), argv_limit=1)
+    assert "appfile" in job.files
+    for name, text in job.files.items():
+        (tmp_path / name).write_text(text)
+    launcher_env = {**os.environ, **job.launcher_env}
+    with subprocess.Popen(job.launcher, env=launcher_env, stdin=subprocess.DEVNULL) as hydra:
+        try:
+            deadline = time.monotonic() + 60
+            while len(list(tmp_path.glob("up-*"))) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(list(tmp_path.glob("up-*"))) == 4, "the ranks did not start"
+            signalled = 0
+            while signalled < 4 and time.monotonic() < deadline:
+                signalled += signal_ranks([hydra.pid], signal.SIGUSR1, wait=0)
+                time.sleep(0.05)
+            assert hydra.wait(timeout=60) == 0
+        finally:
+            hydra.kill()
+    assert sorted(p.name for p in tmp_path.glob("sig-*")) == [f"sig-{i}" for i in range(4)]
