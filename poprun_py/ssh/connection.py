@@ -28,11 +28,10 @@ from poprun_py.hostside.supervision import readable
 from poprun_py.ssh.commands import env_block, remote_command
 from poprun_py.ssh.errors import Cancelled, ConnectionLost, RemoteTimeout, TransportError
 from poprun_py.ssh.settings import Endpoint
+from poprun_py.ssh.streams import ChannelStream, Stream
 
 if TYPE_CHECKING:
     import paramiko
-
-    from poprun_py.agent.stream import Stream
 
 OutputFn = Callable[[str, bytes], None]
 """``on_output(stream, data)``: ``stream`` is ``"stdout"`` or ``"stderr"``; data as it arrives."""
@@ -136,9 +135,7 @@ class Connection:
 
     def agent_stream(self, argv: Sequence[str]) -> Stream:
         """The transport seam: ``argv`` (an agent's bootstrap) started on a new channel, as
-        a :class:`~poprun_py.agent.stream.Stream`."""
-        from poprun_py.agent.stream import ChannelStream
-
+        a :class:`~poprun_py.ssh.streams.Stream`."""
         return ChannelStream(self.start(argv))
 
     def agent_failure(self, stream: Stream) -> Callable[[], TransportError] | None:

@@ -41,7 +41,6 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -63,11 +62,10 @@ from poprun_py.ssh.errors import (
     UnreachableError,
 )
 from poprun_py.ssh.settings import CLIENTS, Endpoint, SshSettings, tilde
+from poprun_py.ssh.streams import ProcessStream, Stream, end_process
 
 if TYPE_CHECKING:
     import paramiko
-
-    from poprun_py.agent.stream import Stream
 
 POLL = 0.1  # how often a running command looks at its deadline and cancel event
 _YES = ("yes", "true")
@@ -227,7 +225,7 @@ def transport_error(name: str, stderr: str) -> TransportError:
 
 
 class SaidStream(Protocol):
-    """A stream of an ``ssh`` process (:class:`~poprun_py.agent.stream.ProcessStream`)."""
+    """A stream of an ``ssh`` process (:class:`~poprun_py.ssh.streams.ProcessStream`)."""
 
     process: subprocess.Popen[bytes]
 
@@ -288,15 +286,11 @@ class OpenSshConnection(Connection):
 
     def agent_stream(self, argv: Sequence[str]) -> Stream:
         """The transport seam: ``argv`` run by an ``ssh`` process of its own, as a
-        :class:`~poprun_py.agent.stream.ProcessStream`."""
-        from poprun_py.agent.stream import ProcessStream
-
+        :class:`~poprun_py.ssh.streams.ProcessStream`."""
         return ProcessStream(self.spawn(argv))
 
     def agent_failure(self, stream: Stream) -> Callable[[], TransportError] | None:
         """ssh's own refusal (typed: unreachable, host key, auth), from what it said."""
-        from poprun_py.agent.stream import ProcessStream
-
         if not isinstance(stream, ProcessStream):
             return None
         return lambda: ssh_failure(self.name, stream)
@@ -416,18 +410,6 @@ class OpenSshConnection(Connection):
         for fn in self._on_close:
             with contextlib.suppress(Exception):
                 fn()
-
-
-def end_process(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
-    """SIGTERM ``process``'s group (it leads a session of its own), SIGKILL after ``grace``
-    seconds, and reap it; nothing when it has exited already. Never raises."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        if process.poll() is not None:
-            return
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait)
 
 
 class _PipeSocket:
