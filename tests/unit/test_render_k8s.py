@@ -375,6 +375,20 @@ def test_two_pods_run_the_rendered_command(
     assert "rank 0" in outputs[0][0] and "rank 1" in outputs[0][0], outputs
 
 
+def test_templates_override_the_pod(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from poprun_py.render.environment import TEMPLATES_DIR
+
+    pod = (TEMPLATES_DIR / "pernode-pod.j2").read_text(encoding="utf-8")
+    mine = pod.replace(
+        "  restartPolicy: Never\n", "  restartPolicy: Never\n  nodeSelector: {pool: gpu}\n"
+    )
+    assert mine != pod
+    (tmp_path / "pernode-pod.j2").write_text(mine, encoding="utf-8")
+    [jobset] = manifest(capsys, "--templates", str(tmp_path), "-H", "a", "train.py")
+    assert pod_of(jobset)["nodeSelector"] == {"pool": "gpu"}
+    check_schema(jobset, JOBSET, "JobSet")
+
+
 def test_json_is_the_same_objects_as_one_list(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = render(capsys, "--image", IMAGE, "--k8s-kind", "job", "-H", "a", "-f",
                             "json", "train.py")  # fmt: skip
