@@ -73,7 +73,8 @@ NOT_IN_THE_POD: Mapping[str, str] = {
     "secret_file": f"the Secret, mounted at {SECRET_FILE}",
 }
 """Options of ``launch`` that the pods' ``launch`` does not get, each with why."""
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+"""A DNS-1035 label, which a Service's name must be (a JobSet makes one of its name too)."""
 _MAX_LABEL = 63
 
 
@@ -155,8 +156,9 @@ def _check_name(name: str, kind: str, count: int) -> None:
     longest = pod_names(name, kind, count)[-1].partition(".")[0]
     if not _LABEL.match(name) or len(longest) > _MAX_LABEL:
         raise UsageError(
-            f"--k8s-name {name!r}: Kubernetes needs lower-case letters, digits and '-' "
-            f"(its pods' names, such as {longest!r}, at most {_MAX_LABEL} characters)"
+            f"--k8s-name {name!r}: Kubernetes needs lower-case letters, digits and '-', "
+            f"from a letter (its pods' names, such as {longest!r}, at most {_MAX_LABEL} "
+            "characters)"
         )
 
 

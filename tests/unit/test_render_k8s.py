@@ -408,6 +408,7 @@ def test_json_is_the_same_objects_as_one_list(capsys: pytest.CaptureFixture[str]
         (("--image", IMAGE, "--k8s-name", "Bad_Name", "-H", "a", "t"),
          "--k8s-name 'Bad_Name': Kubernetes needs lower-case"),
         (("--image", IMAGE, "--k8s-name", "x" * 60, "-H", "a", "t"), "at most 63 characters"),
+        (("--image", IMAGE, "--k8s-name", "9lives", "-H", "a", "t"), "from a letter"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(
