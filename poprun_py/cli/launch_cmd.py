@@ -28,9 +28,10 @@ from poprun_py.cli.app import PROGRAM_CONTEXT, app
 from poprun_py.cli.examples import epilog
 from poprun_py.core.backends import capabilities
 from poprun_py.errors import UsageError
-from poprun_py.prepare.job import Prepared, prepare
+from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 if TYPE_CHECKING:
+    from poprun_py.backends.base import Backend
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
     from poprun_py.launch.check import CheckReport, Swapped
@@ -58,6 +59,7 @@ def _command(mode: str) -> Callable[..., None]:
         if only is not None and only < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
         one_key = onekey.OneKey(given["up"], given["down"], given["yes"], given["detach"])
+        _per_node_refuses(opts, detach=one_key.detach, check=given["check"])
         _only_rendered(mode, opts.backend)
         with onekey.cycle(opts, one_key, mode, dry_run) as opts:
             prep = prepare(opts)
@@ -129,6 +131,20 @@ def _show_manifest(prep: Prepared, values: "Mapping[str, Any]", fmt: str) -> Non
         items = k8s.manifest_objects(text)
         text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=1) + "\n"
     sys.stdout.write(text)
+
+
+def _per_node_wanted(opts: LaunchOptions) -> bool:
+    """Per-node mode: ``--node-rank``, ``--nnodes``, ``--coordinator`` or ``--per-node``."""
+    from poprun_py.pernode.identity import wanted
+
+    return wanted(opts.node_rank, opts.nnodes, opts.coordinator, opts.per_node)
+
+
+def _per_node_refuses(opts: LaunchOptions, *, detach: bool, check: bool) -> None:
+    """UsageError (exit 2, one line) for what per-node mode cannot do alongside it."""
+    for flag, given in (("--detach", detach), ("--check", check)):
+        if given and _per_node_wanted(opts):
+            raise UsageError(f"{flag} is not available in per-node mode (docs/per-node.md)")
 
 
 def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str) -> None:
@@ -273,9 +289,20 @@ def _launch(
     keep: bool = False,
     before: "list[str] | None" = None,
     fmt: str = "table",
+    backend: "Backend | None" = None,
 ) -> None:
     """Run the job; the summary: ``before`` (the check's swaps), then each attempt (``fmt``
-    json: one JSON object, the last line on stdout, in place of the table)."""
+    json: one JSON object, the last line on stdout, in place of the table). In per-node mode
+    (:mod:`poprun_py.pernode.node`), node 0 runs it on ``backend``, the joined nodes; the
+    other nodes serve node 0 and exit with the job's code."""
+    if backend is None and _per_node_wanted(prep.options):
+        from poprun_py.pernode.node import launch_per_node
+
+        def run(p: Prepared, joined: "Backend") -> None:
+            _launch(p, output_dir, only_from, False, on_running, keep=keep, fmt=fmt, backend=joined)
+
+        launch_per_node(prep, run, sync=sync)
+        return
     from poprun_py.cli.machine import launch_dict
     from poprun_py.core.result import LastWords
     from poprun_py.errors import Interrupted, LaunchFailed
@@ -298,7 +325,7 @@ def _launch(
 
     check = spare_check(prep.long_run)  # --check: a spare passes it before a restart uses it
     with _warnings_to_stderr(), lr.announcing(sys.stderr):
-        result = launcher.launch(prep, settings, check=check)  # each restart told as it comes
+        result = launcher.launch(prep, settings, backend, check=check)  # restarts told as they come
     tail = settings.last_words.lines if settings.last_words else {}
     attempts = [*(before or ()), *lr.attempt_lines(result)]
     if result.job_dir and not output_dir and os.path.isdir(result.job_dir):
