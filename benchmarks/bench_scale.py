@@ -1,10 +1,15 @@
-"""Scale: ``exec true`` (and ``launch --backend ssh true``) on 256 and 1,024 test hosts, poprun-py
-over both transports beside clush (flat, its default fanout) and pdsh (``-R ssh``, its default
-fanout), in one run on this machine. Prints wall time, local CPU per host and max RSS per tool.
+"""Scale: ``exec true`` (and ``launch --backend ssh|mpirun true``) on 256 and 1,024 test hosts,
+poprun-py over both transports beside clush (flat, its default fanout) and pdsh (``-R ssh``, its
+default fanout), in one run on this machine. Prints wall time, local CPU per host and max RSS per
+tool. ``--stop`` adds a launch where one instance fails while every other ignores SIGTERM: the
+time from the failure until poprun-py has stopped everything (at most the grace period + 3 s),
+a search for the test user's processes left on the hosts, and whether any host was said lost.
 
 The test hosts (issue 24): one network namespace holding N addresses in 198.19.0.0/20 (inside the
 198.18.0.0/15 test range; the netns provider's clusters use 198.18.X.0/24), each answered by its
-own sshd (one sshd process per address, bound to it alone). The root namespace reaches them
+own sshd (one sshd process per address, bound to it alone, in a PID namespace of its own: each
+host's /proc shows that host's processes, as a machine's does -- a shared one made every host's
+agent search every host's processes for what a job left behind). The root namespace reaches them
 through one veth pair and one route via the namespace's end, so there is no bridge (which takes
 at most 1,024 ports) and one neighbour entry instead of N (the kernel's default neighbour table
 overflows at 1,024). This is honest for what is measured, the client: every host is a distinct
@@ -25,7 +30,8 @@ Needs root; removes everything it made (namespace, veth, sshds, user, files) at 
 
 Usage:
 
-    python benchmarks/bench_scale.py [--hosts 256 1024] [--runs 1] [--launch] [--tools ...]
+    python benchmarks/bench_scale.py [--hosts 256 1024] [--runs 1] [--launch] [--stop]
+                                     [--tools ...]
     python benchmarks/bench_scale.py --cleanup
 """
 
@@ -40,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,9 +149,12 @@ def start_sshds(directory: Path, count: int) -> None:
     config, pids = sshd_config(directory), directory / "pids"
     pids.mkdir()
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    # Each sshd in a PID namespace of its own (with its own /proc), as each machine has: an
+    # agent's search of /proc for what a job left behind sees that host's processes only, not
+    # every host's (which would make each host's work grow with the number of hosts).
     script = (
-        f"exec {SSHD} -f {config} -E {directory / 'sshd.log'} "
-        f'-o ListenAddress="$1" -o PidFile={pids}/"$1".pid'
+        f"unshare --pid --fork --mount-proc {SSHD} -D -f {config} -E {directory / 'sshd.log'} "
+        f'-o ListenAddress="$1" -o PidFile={pids}/"$1".pid </dev/null >/dev/null 2>&1 &'
     )
     addresses = "\n".join(address(i) for i in range(count)) + "\n"
     # The hosts get a /tmp of their own (one tmpfs in a mount namespace), as separate machines
@@ -162,7 +171,7 @@ def start_sshds(directory: Path, count: int) -> None:
 
 def client_files(directory: Path, count: int, host_key: list[str]) -> None:
     head = [
-        "Host sc*",
+        "Host sc* 198.19.*",  # mpirun's hosts by address: it resolves names itself
         f"  User {USER}",
         f"  IdentityFile {directory / 'client_key'}",
         "  IdentitiesOnly yes",
@@ -225,8 +234,12 @@ def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], 
         "poprun-py exec/openssh": ([*exec_argv, "--ssh-client", "openssh", "--", "true"], env),
     }
     if launch:
-        launch_argv = [*console_script(), "launch", "--backend", "ssh", "-H", expr]
-        cmds["poprun-py launch/ssh"] = ([*launch_argv, "--ssh-config", cfg, "true"], env)
+        by_address = ",".join(address(i) for i in range(count))  # mpirun resolves names itself
+        for backend, hosts_given in (("ssh", expr), ("mpirun", by_address)):
+            if backend == "mpirun" and not shutil.which("mpirun"):
+                continue
+            argv = [*console_script(), "launch", "--backend", backend, "-H", hosts_given]
+            cmds[f"poprun-py launch/{backend}"] = ([*argv, "--ssh-config", cfg, "true"], env)
     clush = shutil.which("clush", path=str(Path(sys.executable).parent)) or shutil.which("clush")
     if clush:
         cmds["clush (flat)"] = ([clush, "-S", "-w", expr, "-o", f"-F {cfg}", "true"], env)
@@ -263,6 +276,75 @@ def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
     return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said)
 
 
+# ---------------------------------------------------------------- stopping at scale
+
+STOP_LABEL = "poprun-py launch/ssh, one fails"
+GRACE = 5.0
+FAILED_AT = "failed_at"  # in the test user's home: when the failing instance exited
+
+
+def stop_tool(hosts: Hosts, count: int, fail_after: float) -> tuple[list[str], dict[str, str]]:
+    """``launch --backend ssh`` of an instance per host that ignores SIGTERM (so only SIGKILL,
+    after the grace period, stops it), where rank 0 exits 3 after ``fail_after`` seconds
+    (once every host has started), writing the time first."""
+    program = (
+        'trap "" TERM; if [ "$RANK" = 0 ]; then sleep "$1"; '
+        f'date +%s.%N > "$HOME/{FAILED_AT}"; exit 3; fi; exec sleep 600'
+    )
+    argv = [*console_script(), "launch", "--backend", "ssh", "-H", f"sc[1-{count}]",
+            "--ssh-config", str(hosts.ssh_config), "--grace-period", f"{GRACE:g}",
+            "sh", "-c", program, "sh", f"{fail_after:g}"]  # fmt: skip
+    return argv, dict(os.environ)
+
+
+def left_on_hosts() -> list[str]:
+    """Every process of the test user still running (on any host): ``pgrep -a -u``."""
+    return [line for line in run("pgrep", "-a", "-u", USER, check=False).splitlines() if line]
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A failing launch: from the failure to poprun-py's exit; what was left on the hosts
+    then (but sshd's own session processes, still closing) and 2 s later; hosts said lost."""
+
+    measured: Measured
+    seconds: float
+    left_at_exit: tuple[str, ...]
+    left_later: tuple[str, ...]
+    lost_lines: int
+
+    def ok(self) -> bool:
+        code = self.measured.exit_code
+        quick = 0 <= self.seconds <= GRACE + 3
+        return code == 3 and quick and not self.left_later and not self.lost_lines
+
+
+def measure_stop(hosts: Hosts, count: int, fail_after: float) -> Stopped:
+    """Run :func:`stop_tool`; then search the hosts for what is left."""
+    mark = hosts.directory / "home" / FAILED_AT
+    mark.unlink(missing_ok=True)
+    argv, env = stop_tool(hosts, count, fail_after)
+    log = hosts.directory / "tool.log"
+    got = measure(argv, env, log)
+    ended = time.time()
+    at_exit = [p for p in left_on_hosts() if "sshd" not in p]
+    time.sleep(2.0)
+    later = left_on_hosts()
+    failed_at = float(mark.read_text()) if mark.exists() else float("nan")
+    lost = sum(" lost" in line for line in log.read_text(errors="replace").splitlines())
+    return Stopped(got, ended - failed_at, tuple(at_exit), tuple(later), lost)
+
+
+def stop_row(count: int, got: Stopped) -> str:
+    verdict = "ok" if got.ok() else f"FAILED (exit {got.measured.exit_code})"
+    return (
+        row(count, STOP_LABEL, replace(got.measured, exit_code=0))[: -len("ok |")]
+        + f"{verdict}: stopped {got.seconds:.1f} s after the failure (grace {GRACE:g} s); "
+        f"left: {len(got.left_at_exit)} at exit, {len(got.left_later)} 2 s later; "
+        f"lines saying lost: {got.lost_lines} |"
+    )
+
+
 def available_mib() -> int:
     """MemAvailable from /proc/meminfo, in MiB."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -286,6 +368,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--launch", action="store_true", help="also launch --backend ssh true")
     parser.add_argument("--tools", nargs="*", help="only these tools (labels as printed)")
+    parser.add_argument("--stop", action="store_true", help=f"also: {STOP_LABEL}")
+    parser.add_argument("--fail-after", type=float, default=30.0, help="seconds (--stop)")
     parser.add_argument("--cleanup", action="store_true", help="remove a killed run's leftovers")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -310,6 +394,11 @@ def main() -> None:
                         continue
                     got = measure(argv, env, hosts.directory / "tool.log")
                     print(row(count, label, got), flush=True)
+                if args.stop and (not args.tools or STOP_LABEL in args.tools):
+                    stopped = measure_stop(hosts, count, args.fail_after)
+                    print(stop_row(count, stopped), flush=True)
+                    for line in [*stopped.left_at_exit, *stopped.left_later][:10]:
+                        print(f"    left: {line[:120]}", file=sys.stderr)
         print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the hosts'")
         print("sshds share these cores with the tools (the same work for every tool)")
     finally:

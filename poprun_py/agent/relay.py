@@ -126,7 +126,8 @@ def relayed(
     if agents is None or not uses_relay(job.launcher):
         yield Relay()
         return
-    timing = Timing(grace, HEARTBEAT, host_timeout, START_TIMEOUT)
+    beat = P.heartbeat_for(len(job.plan.hosts), HEARTBEAT, host_timeout)
+    timing = Timing(grace, beat, host_timeout, START_TIMEOUT)
     with RshRelay(agents, host_names(job), timing) as relay:
         yield relay
 

@@ -149,7 +149,8 @@ class SshBackend(Defaults):
         agents = self.agents
         agents.pool.open_all()  # PreflightError naming every unreachable host: nothing started
         liveness = options.host_timeout if self.liveness is None else self.liveness
-        timing = Timing(options.grace_period, self.heartbeat, liveness, self.start_timeout)
+        beat = P.heartbeat_for(len(job.plan.hosts), self.heartbeat, liveness)
+        timing = Timing(options.grace_period, beat, liveness, self.start_timeout)
         output = Output(options, {c.index: c.host for c in job.instances})
         run = SshRun(job, agents, output, timing, control)
         run.start()

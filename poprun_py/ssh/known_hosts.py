@@ -139,23 +139,29 @@ class KnownHosts:
     """known_hosts files, each read once; thread-safe lookups and appends."""
 
     def __init__(self) -> None:
-        self._files: dict[Path, list[KnownKey]] = {}
+        self._files: dict[Path, _Indexed] = {}
         self._lock = threading.Lock()
 
-    def _keys(self, path: Path) -> list[KnownKey]:
+    def _keys(self, path: Path) -> _Indexed:
         with self._lock:
             if path not in self._files:
                 try:
                     text = path.read_text(errors="replace")
                 except OSError:
                     text = ""
-                self._files[path] = parse_known_hosts(text)
+                self._files[path] = _Indexed(parse_known_hosts(text))
             return self._files[path]
 
     def lookup(self, files: Iterable[Path], names: Iterable[str]) -> list[KnownKey]:
-        """Every key recorded for any of ``names`` in any of ``files``."""
+        """Every key recorded for any of ``names`` in any of ``files``, in file order."""
         names = tuple(names)
-        return [k for f in files for k in self._keys(f) if any(k.matches(n) for n in names)]
+        found = []
+        for path in files:
+            indexed = self._keys(path)
+            with self._lock:  # record() may be adding to it
+                keys = [indexed.keys[i] for i in indexed.candidates(names)]
+            found += [k for k in keys if any(k.matches(n) for n in names)]
+        return found
 
     def record(self, path: Path, names: Sequence[str], key_type: str, blob: bytes) -> None:
         """Append one line for ``names`` to ``path`` (created 0600, parent 0700)."""
@@ -166,7 +172,37 @@ class KnownHosts:
             with os.fdopen(fd, "a") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 handle.write(line)
-            self._files.setdefault(path, []).append(KnownKey(tuple(names), key_type, blob))
+            self._files.setdefault(path, _Indexed([])).add(KnownKey(tuple(names), key_type, blob))
+
+
+class _Indexed:
+    """One file's keys, with the lines whose patterns are all plain names indexed by name: a
+    lookup looks at those lines of its names and at every other line (wildcards, negations,
+    hashed names) -- not at every line, which made connecting to N hosts listed in one
+    known_hosts file cost N x N pattern matches."""
+
+    def __init__(self, keys: Iterable[KnownKey]):
+        self.keys: list[KnownKey] = []
+        self.plain: dict[str, list[int]] = {}
+        self.other: list[int] = []
+        for key in keys:
+            self.add(key)
+
+    def add(self, key: KnownKey) -> None:
+        index = len(self.keys)
+        self.keys.append(key)
+        if any(p.startswith(("!", "|")) or "*" in p or "?" in p for p in key.patterns):
+            self.other.append(index)
+            return
+        for pattern in dict.fromkeys(p.lower() for p in key.patterns):
+            self.plain.setdefault(pattern, []).append(index)
+
+    def candidates(self, names: Sequence[str]) -> list[int]:
+        """The lines that may match one of ``names``, in file order."""
+        found = set(self.other)
+        for name in names:
+            found.update(self.plain.get(name.lower(), ()))
+        return sorted(found)
 
 
 def preferred_key_types(known: Sequence[KnownKey], offered: Sequence[str]) -> list[str]:

@@ -49,6 +49,9 @@ MAX_WORKERS = 2 * CONNECT_WINDOW
 """Workers of a pool: one per host up to this many (past it, a host waits for a free worker).
 Not one per host: with a thousand threads, the GIL's hand-offs cost the launcher over 100 ms
 of CPU per host (measured at 1,024 hosts, ``benchmarks/bench_scale.py``)."""
+IDLE_WAKE = 2.0
+"""Seconds an established Paramiko connection's reader thread sleeps when nothing arrives
+(Paramiko's own is 0.1 s, :func:`quiet`)."""
 NOFILE_FALLBACK = 1 << 20
 """The soft ``RLIMIT_NOFILE`` asked for when the hard limit is unlimited."""
 
@@ -64,6 +67,18 @@ def raise_nofile_limit() -> int:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def quiet(conn: Connection, wake: float = IDLE_WAKE) -> None:
+    """Let ``conn``'s Paramiko reader thread sleep ``wake`` seconds (not 0.1 s) while nothing
+    arrives: it wakes only to see whether the connection was closed here, and a thousand idle
+    connections waking ten times a second each were the launcher's main CPU cost with every
+    agent connection open (``launch`` at 1,024 hosts). Anything arriving wakes it at once."""
+    transport = getattr(conn, "transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is not None and hasattr(sock, "settimeout"):
+        with contextlib.suppress(OSError):
+            sock.settimeout(wake)
 
 
 class _Gate:
@@ -172,6 +187,7 @@ class ConnectionPool:
             with self._lock:
                 self.errors[host.name] = exc
             raise
+        quiet(conn)
         with self._lock:
             self.connections[host.name] = conn
             self.errors.pop(host.name, None)
