@@ -355,3 +355,48 @@ def test_a_port_in_use_is_one_line_and_exit_3(pods: Pods) -> None:
     finally:
         with_pgid(holder.pid, signal.SIGKILL)
         holder.wait(10)
+
+
+# ---------------------------------------------------------------- the ssh backend's rules
+
+
+def test_usr1_reaches_every_node_and_timeout_stops_them_all(pods: Pods) -> None:
+    waiting = 'trap "echo got usr1" USR1; echo up; while :; do sleep 0.1; done'
+    nodes = pods.start_all(["sh", "-c", waiting], "--timeout", "12s")
+    running(nodes[0], 3)
+    os.kill(nodes[0].process.pid, signal.SIGUSR1)  # to node 0's launcher: forwarded to all
+    deadline = time.monotonic() + 10
+    while nodes[0].stdout.count(" got usr1\n") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert nodes[0].stdout.count(" got usr1\n") == 3, nodes[0].stdout
+    codes = [node.wait(60) for node in nodes]
+    assert codes == [124, 124, 124], nodes[0].stderr
+
+
+HANG = """
+import os, time
+import poprun_py.dist  # registers faulthandler (the agents' fallback without py-spy)
+print("start", flush=True)
+def wait_for_the_loader():
+    time.sleep(300)  # hung: no output, no heartbeat
+if os.environ["RANK"] == "2":
+    wait_for_the_loader()
+while True:
+    poprun_py.dist.heartbeat()
+    time.sleep(0.2)
+"""
+
+
+def test_a_hang_is_caught_with_every_nodes_stacks(pods: Pods, tmp_path: Path) -> None:
+    program = tmp_path / "hang.py"
+    program.write_text(HANG)
+    logs = tmp_path / "logs"
+    nodes = pods.start_all([PY, str(program)], "--hang-timeout", "3", "-o", str(logs))
+    codes = [node.wait(90) for node in nodes]
+    assert codes == [124, 124, 124], nodes[0].stderr
+    hung = pods.cluster.hosts[2].name
+    assert f"instance 2 on {hung} hung (no progress for 3 s)" in nodes[0].stderr, nodes[0].stderr
+    for i in range(3):  # every node's agent dumped its instance's stack
+        log = (logs / f"instance-{i}.log").read_text()
+        assert "most recent call first" in log, (i, log)
+    assert "wait_for_the_loader" in (logs / "instance-2.log").read_text()
