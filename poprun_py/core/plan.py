@@ -345,7 +345,7 @@ def _bind(hp: HostPlan, per_host: int, per_instance: int, job: JobSpec) -> list[
             f"{per_instance} replica(s) x {job.devices_per_replica} device(s) need "
             f"{need * per_host}"
         )
-    numa = _numa_split(topo, per_host) if (job.numa_aware and topo) else None
+    numa = _shared_split(topo, per_host) if (job.numa_aware and topo) else None
     by_node = bool(numa and topo and topo.devices_placed and devices and need)
     result = []
     for local in range(per_host):
@@ -385,7 +385,21 @@ def _node_devices(
     return tuple(share[:need])
 
 
-def _numa_split(topo: Topology, count: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+_Split = list[tuple[tuple[int, ...], tuple[int, ...]]]
+_SPLITS: dict[tuple[int, int], tuple[Topology, _Split]] = {}
+
+
+def _shared_split(topo: Topology, count: int) -> _Split:
+    """:func:`_numa_split`, made once per topology object and count (hosts share them)."""
+    hit = _SPLITS.get((id(topo), count))
+    if hit is None or hit[0] is not topo:
+        if len(_SPLITS) >= 256:
+            _SPLITS.clear()
+        hit = _SPLITS[(id(topo), count)] = (topo, _numa_split(topo, count))
+    return hit[1]
+
+
+def _numa_split(topo: Topology, count: int) -> _Split:
     """Divide a host's NUMA nodes among ``count`` instances (PopRun's spreadnuma)."""
     nodes = topo.numa_nodes
     n = len(nodes)
@@ -415,7 +429,21 @@ def binds(plan: LaunchPlan, inst: InstancePlan) -> bool:
 
 
 def _holds_every_cpu(hp: HostPlan, cpus: tuple[int, ...]) -> bool:
-    return hp.topology is not None and set(cpus) >= set(hp.topology.cpus)
+    return hp.topology is not None and _every_cpu(hp.topology).issubset(cpus)
+
+
+_CPU_SETS: dict[int, tuple[Topology, frozenset[int]]] = {}
+
+
+def _every_cpu(topo: Topology) -> frozenset[int]:
+    """Every CPU of ``topo``, as a set: made once per topology object (thousands of hosts
+    share one), not once per instance (:attr:`Topology.cpus` builds its tuple each time)."""
+    hit = _CPU_SETS.get(id(topo))
+    if hit is None or hit[0] is not topo:
+        if len(_CPU_SETS) >= 256:
+            _CPU_SETS.clear()
+        hit = _CPU_SETS[id(topo)] = (topo, frozenset(topo.cpus))
+    return hit[1]
 
 
 def _unbound_notes(hosts: Sequence[HostPlan], instances: Sequence[InstancePlan]) -> list[str]:
