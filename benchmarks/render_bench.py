@@ -1,4 +1,6 @@
-"""Render time of launch commands: 16 hosts x 8 instances and 4096 hosts x 8 instances.
+"""Render time of launch commands: 16 hosts x 8 instances and 4096 hosts x 8 instances, for
+every registered backend (their launchers' command lines stay small: per-instance parts go
+into the job's files past :data:`~poprun_py.render.job.ARGV_LIMIT`).
 
 Hosts are 2-socket machines with 8 NUMA nodes x 16 CPUs and 16 devices; each instance drives
 one replica of 2 devices. Prints the median of several runs for each backend; planning time is
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from poprun_py.core.backends import REGISTRY
 from poprun_py.core.hosts import parse_hosts
 from poprun_py.core.plan import LaunchPlan, make_plan
 from poprun_py.core.spec import EnvVar, JobSpec, cluster_from_hosts
@@ -67,7 +70,7 @@ def main(argv: list[str]) -> None:
             f"{num_hosts} hosts x {PER_HOST} = {plan.num_instances} instances "
             f"(make_plan {planned:.3f} s)"
         )
-        cases = [("local", ARGV_LIMIT), ("mpirun", ARGV_LIMIT)]
+        cases = [(backend, ARGV_LIMIT) for backend in REGISTRY]
         if num_hosts <= 64:  # inline forms: shlex.split of ~100 KB+ command lines
             cases += [("mpirun", ARGV_MAX), ("mpiexec", ARGV_MAX)]
         for backend, limit in cases:
