@@ -147,17 +147,34 @@ def _per_node_refuses(opts: LaunchOptions, *, detach: bool, check: bool) -> None
             raise UsageError(f"{flag} is not available in per-node mode (docs/per-node.md)")
 
 
-def _check(prep: Prepared, timeout: float, torch: bool, stream: "TextIO", fmt: str) -> None:
+def _check(
+    prep: Prepared,
+    timeout: float,
+    torch: bool,
+    stream: "TextIO",
+    fmt: str,
+    *,
+    backend: "Backend | None" = None,
+) -> None:
     """Run the check; print its table (or JSON); PreflightError (exit 3) naming every bad
-    host."""
+    host. In per-node mode node 0 checks the joined nodes (``backend``) and prints the table;
+    the other nodes serve it."""
     from poprun_py.cli.machine import check_dict
     from poprun_py.errors import PreflightError
     from poprun_py.launch.check import report_lines, run_check
 
     if timeout <= 0:
         raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
+    if backend is None and _per_node_wanted(prep.options):
+        from poprun_py.pernode.node import launch_per_node
+
+        def run(p: Prepared, joined: "Backend") -> None:
+            _check(p, timeout, torch, stream, fmt, backend=joined)
+
+        launch_per_node(prep, run)
+        return
     with _warnings_to_stderr():
-        report = run_check(prep, timeout, torch)
+        report = run_check(prep, timeout, torch, backend)
     if fmt == "json":
         stream.write(json.dumps(check_dict(report), separators=(",", ":")) + "\n")
     else:

@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -201,3 +202,27 @@ def test_the_identity_and_secret_come_from_the_environment() -> None:
         launch_per_node(prep, _never, environ=env)
     with pytest.raises(UsageError, match="secret"):
         launch_per_node(prep, _never, environ={k: v for k, v in env.items() if "SECRET" not in k})
+
+
+def test_check_runs_over_the_joined_nodes_and_node_0_prints_the_table() -> None:
+    import io
+
+    from poprun_py.cli import launch_cmd
+
+    port, hosts = free_port(), "127.0.0.1,127.0.0.2,127.0.0.3"  # all this machine's loopback
+    prep = prepare(LaunchOptions(hosts=hosts, program=("true",)), dict(os.environ))
+    nodes = Nodes(port, {1: prep, 2: prep}, {1: SECRET, 2: SECRET})
+    opts = LaunchOptions(hosts=hosts, program=("true",), node_rank=0, nnodes=3)
+    here = prepare(replace(opts, coordinator=f"127.0.0.1:{port}"), dict(os.environ))
+    table = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("POPRUN_SECRET", SECRET.decode())
+        try:
+            launch_cmd._check(here, 20.0, False, table, "table")
+            code = 0
+        except PreflightError as exc:  # a slow loopback may fail a threshold: still checked
+            code = exc.exit_code
+    rows = table.getvalue().splitlines()
+    assert [row.split()[0] for row in rows[1:4]] == hosts.split(","), rows
+    outcomes = nodes.join()
+    assert all(e is None if code == 0 else e.exit_code == code for e in outcomes.values())
