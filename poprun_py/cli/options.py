@@ -26,10 +26,19 @@ import typer
 from typer._click.types import ParamType
 
 from poprun_py.cli.durations import DURATION, DURATION_TEXT, SLURM_TIME
-from poprun_py.core.options import EVERY, H_SSH, LAUNCHING, OPTIONS, Flag, Int, taken_by
+from poprun_py.core.options import EVERY, H_SSH, LAUNCHING, OPTIONS, REQUIRED, Flag, Int, taken_by
 from poprun_py.core.spec import SshOptions
 
-__all__ = ["EVERY", "H_SSH", "LAUNCHING", "OPTIONS", "Flag", "Int", "taken_by"]  # and what is here
+__all__ = [
+    "EVERY",
+    "H_SSH",
+    "LAUNCHING",
+    "OPTIONS",
+    "REQUIRED",
+    "Flag",
+    "Int",
+    "taken_by",
+]  # and what is here
 
 
 SSH_FLAGS = tuple(f for f in OPTIONS.values() if f.panel == H_SSH)
@@ -87,7 +96,8 @@ def takes(
 
 
 def _param(flag: Flag, kind: Any) -> inspect.Parameter:
-    return inspect.Parameter(flag.name, kind, default=flag.default, annotation=annotated(flag))
+    default = inspect.Parameter.empty if flag.default is REQUIRED else flag.default
+    return inspect.Parameter(flag.name, kind, default=default, annotation=annotated(flag))
 
 
 def annotated(flag: Flag) -> Any:

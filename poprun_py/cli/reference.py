@@ -1,7 +1,7 @@
 """The command-line reference, docs/cli.md, generated: every option of every command with its
 type, default, cluster spec key and help, from the option catalog
-(:data:`poprun_py.core.options.OPTIONS`) and, for the options only one command has, from that
-command's parameters. tests/unit/test_cli_reference.py fails when docs/cli.md is stale.
+(:data:`poprun_py.core.options.OPTIONS`), in the order each command takes them.
+tests/unit/test_option_catalog.py fails when docs/cli.md is stale.
 
     $ python -m poprun_py.cli.reference > docs/cli.md
 
@@ -20,30 +20,23 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from poprun_py.cli.options import LAUNCHING, OPTIONS, Flag, taken_by
+from poprun_py.core.options import REQUIRED
 
 HEAD = "| Option | Type | Default | Spec key | Help |\n|---|---|---|---|---|"
 
 
 def row(flag: Flag) -> str:
     """One option's line of the table."""
-    names = [*flag.decls[0].split("/"), *flag.decls[1:]] if flag.decls else ["PROGRAM..."]
+    argument = f"{flag.name.upper()}{'...' if flag.many else ''}"
+    names = [*flag.decls[0].split("/"), *flag.decls[1:]] if flag.decls else [argument]
     kind = "flag" if flag.base is bool else "str, repeatable" if flag.many else flag.base.__name__
     kind = "duration" if flag.duration else kind
     key = f"`{flag.spec_key}`" if flag.spec_key else ""
     return _line(sorted(names, key=len), kind, flag.default, key, flag.help)
 
 
-def _click_row(param: Any) -> str:
-    """The line of a parameter the catalog does not describe (one command's own)."""
-    names = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else []
-    kind = "flag" if getattr(param, "is_flag", False) else param.type.name
-    kind += ", repeatable" if param.multiple or param.nargs == -1 else ""
-    names = names or [f"{param.name.upper()}{'...' if param.nargs == -1 else ''}"]
-    return _line(sorted(names, key=len), kind, param.default, "", getattr(param, "help", ""))
-
-
 def _line(names: list[str], kind: str, default: Any, key: str, text: str | None) -> str:
-    shown = "" if default in (None, False) else f"`{default}`"
+    shown = "" if default in (None, False, REQUIRED) else f"`{default}`"
     cells = [", ".join(f"`{n}`" for n in names), kind, shown, key, (text or "").replace("|", "\\|")]
     return "| " + " | ".join(cells) + " |"
 
@@ -82,9 +75,8 @@ def _others(entries: Mapping[str, Flag]) -> Iterator[str]:
     for name in (n for n in COMMANDS if n not in LAUNCHING):
         command = group[name]
         yield from ["", f"## {name}", "", " ".join((command.help or "").split()), "", HEAD]
-        for param in command.params:
-            mine = entries.get(param.name)
-            yield row(mine) if mine and name in mine.commands else _click_row(param)
+        mine = {f.name: f for f in taken_by(name, entries)}
+        yield from (row(mine[param.name]) for param in command.params)
 
 
 def _passing(entries: Mapping[str, Flag]) -> Iterator[str]:

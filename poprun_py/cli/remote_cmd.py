@@ -20,13 +20,12 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import PROGRAM_CONTEXT, app, console
-from poprun_py.cli.durations import DURATION, DURATION_TEXT
 from poprun_py.cli.examples import epilog
 from poprun_py.core.spec import SshOptions
 from poprun_py.errors import UsageError
@@ -37,60 +36,16 @@ if TYPE_CHECKING:
     from poprun_py.ssh.pool import ConnectionPool
     from poprun_py.ssh.sync import SyncReport
 
-Command = Annotated[
-    list[str], typer.Argument(help="The command and its arguments (put them after --).")
-]
-Paths = Annotated[
-    Optional[list[str]],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Argument(help="Files or directories to push (default: the current directory)."),
-]
-Gather = Annotated[
-    bool,
-    typer.Option("--gather", help="Fold hosts with identical output (like clush -b)."),
-]
-Timeout = Annotated[
-    Optional[float],  # noqa: UP045
-    typer.Option(
-        "--timeout",
-        "-t",
-        click_type=DURATION,
-        help="Stop the command on a host running longer than this (90s, 45m, 2h, or seconds); "
-        "that host exits 124 (default: no limit).",
-    ),
-]
-Dest = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option("--dest", help="Remote directory to push into (default: the same paths)."),
-]
-SyncTimeout = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(
-        "--timeout",
-        "-t",
-        help="Stop pushing to a host still at it after this long (90s, 45m, 2h, or seconds); "
-        "that host fails the sync (default: no limit).",
-        click_type=DURATION_TEXT,
-    ),
-]
-Method = Annotated[
-    str,
-    typer.Option(
-        "--method",
-        show_default=False,
-        help="auto (rsync where both ends have it) | rsync | sftp (default auto)",
-    ),
-]
-
 
 @app.command("exec", context_settings=PROGRAM_CONTEXT, epilog=epilog("exec"))
 @o.takes("exec")
 def exec_cmd(
-    command: Command,
+    command: list[str],
     *,
     hosts: str | None = None,
     cluster: str | None = None,
-    gather: Gather = False,
-    timeout: Timeout = None,
+    gather: bool = False,
+    timeout: float | None = None,
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Run a command on every host in parallel; exit with the worst host's code."""
@@ -131,13 +86,13 @@ def _tagged_printer() -> LineFn:
 @app.command("sync", epilog=epilog("sync"))
 @o.takes("sync")
 def sync_cmd(
-    paths: Paths = None,
+    paths: list[str] | None = None,
     *,
     hosts: str | None = None,
     cluster: str | None = None,
-    dest: Dest = None,
-    method: Method = "auto",
-    timeout: SyncTimeout = None,
+    dest: str | None = None,
+    method: str = "auto",
+    timeout: str | None = None,
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Push files to every host at the same path (rsync where possible, else SFTP)."""

@@ -1,7 +1,7 @@
-"""The option catalog, as data: each option of ``plan``/``render``/``launch``/``check``, and
-those other commands share with them, described once in :data:`OPTIONS` (flags, type, default,
-range, help, spec key, the commands that take it, how it passes into the Slurm batch job and a
-detached job's record). :mod:`poprun_py.cli.options` makes typer parameters of it,
+"""The option catalog, as data: each option and argument of every command (``plan``/``render``/
+``launch``/``check``, then the others' own) described once in :data:`OPTIONS` (flags, type,
+default, range, help, spec key, the commands that take it, how it passes into the Slurm batch
+job and a detached job's record). :mod:`poprun_py.cli.options` makes typer parameters of it,
 :mod:`poprun_py.prepare.specfile` the spec's ``defaults:`` schema (:data:`SPEC_DEFAULTS`).
 
 Example:
@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union, get_args
 
 from poprun_py.core.backends import REGISTRY
@@ -40,6 +40,8 @@ Int = Optional[int]  # noqa: UP045
 Float = Optional[float]  # noqa: UP045
 Bool = Optional[bool]  # noqa: UP045 - --x/--no-x: None when neither is given
 Strs = Optional[list[str]]  # noqa: UP045 - repeatable
+REQUIRED: Any = ...
+"""The default of an argument that must be given."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,9 @@ class Flag:
     option, the checked text for a str one (``slurm_time``: Slurm's forms, or a duration made
     Slurm's, :data:`~poprun_py.cli.durations.SLURM_TIME`). The spec's value: ``least`` to ``most``
     (a duration: over 0, or 0 too if ``least=0``), one of ``choices``, a list (``words``). The
-    help says the default in words (typer's ``[default: ...]`` is off: one default shown, once)."""
+    help says the default in words (typer's ``[default: ...]`` is off: one default shown, once).
+    ``key``: the catalog's key where another command's parameter of that name means something
+    else (default: ``name``); ``default=REQUIRED``: an argument that must be given."""
 
     name: str
     decls: tuple[str, ...]
@@ -74,6 +78,7 @@ class Flag:
     most: int | None = None
     choices: tuple[str, ...] = ()
     words: bool = False
+    key: str = ""
 
     @property
     def base(self) -> Any:
@@ -162,7 +167,7 @@ _ENTRIES = (
          "before launching.", field=False,
          detach="the client pushes its files before the supervisor starts"),
     Flag("fmt", ("--format", "-f"), str, "table", H_OUT, "table | json (default table)", None,
-         (*LAUNCHING, "jobs"), field=False,
+         (*LAUNCHING, "jobs", "status"), field=False,
          batch="it says how render prints (a batch script is printed for table only)",
          detach="it says how the client prints the job's id"),
     Flag("output_dir", ("--output-dir", "-o"), Str, None, H_OUT, "Write one log per instance "
@@ -290,10 +295,57 @@ _ENTRIES = (
 )
 PYTHON = Flag("python", (), Str, None, None, "The Python that runs a .py PROGRAM.",
               "defaults.python", (), field=False)  # a spec key with no flag
+JOB = ("logs", "stop", "wait", "supervise")
+_OWN = (  # the other commands' own options and arguments (none a LaunchOptions field)
+    Flag("command", (), list[str], REQUIRED, None, "The command and its arguments (put them "
+         "after --).", commands=("exec",)),
+    Flag("paths", (), Strs, None, None, "Files or directories to push (default: the current "
+         "directory).", commands=("sync",)),
+    Flag("gather", ("--gather",), bool, False, None, "Fold hosts with identical output (like "
+         "clush -b).", commands=("exec",)),
+    Flag("timeout", ("--timeout", "-t"), Float, None, None, "Stop the command on a host running "
+         "longer than this (90s, 45m, 2h, or seconds); that host exits 124 (default: no limit).",
+         commands=("exec",), duration=True, key="exec_timeout"),
+    Flag("dest", ("--dest",), Str, None, None, "Remote directory to push into (default: the "
+         "same paths).", commands=("sync",)),
+    Flag("method", ("--method",), str, "auto", None, "auto (rsync where both ends have it) | "
+         "rsync | sftp (default auto)", commands=("sync",)),
+    Flag("timeout", ("--timeout", "-t"), Str, None, None, "Stop pushing to a host still at it "
+         "after this long (90s, 45m, 2h, or seconds); that host fails the sync (default: no "
+         "limit).", commands=("sync",), duration=True, key="sync_timeout"),
+    Flag("prune", ("--prune",), bool, False, None, "Remove the ended detached jobs (their "
+         "directories on their supervisor hosts, and this machine's record of them) instead of "
+         "listing them.", commands=("jobs",)),
+    Flag("older_than", ("--older-than",), Str, None, None, "With --prune: only jobs that ended "
+         "at least this long ago (90s, 45m, 2h, 7d).", commands=("jobs",), duration=True),
+    Flag("job_id", (), str, REQUIRED, None, "The job id `launch --detach` printed.",
+         commands=JOB),
+    Flag("follow", ("--follow",), bool, False, None, "Follow the output until the job ends.",
+         commands=("logs",)),
+    Flag("instance", ("--instance",), Int, None, None, "Only this instance's output (its log).",
+         commands=("logs",)),
+    Flag("cluster", (), str, REQUIRED, None, "Cluster spec YAML with a provider: block (down "
+         "also takes a cluster name).", commands=("up", "down"), key="spec"),
+    Flag("yes", ("--yes", "-y"), bool, False, None, "Do not ask before creating machines that "
+         "cost money.", commands=("up",), key="up_yes"),  # launch's: with --up, in its panel
+    Flag("accept_new_host_keys", ("--accept-new-host-keys",), bool, False, None, "static nodes: "
+         "record unknown SSH host keys (a changed key is always refused).",
+         commands=("up", "down"), key="static_host_keys"),  # not the SSH group's: see above
+    Flag("wait_timeout", ("--wait-timeout",), Float, None, None, "How long to wait for nodes to "
+         "run and answer SSH (90s, 45m, 2h, or seconds; default: local/static 30s, aws 15m).",
+         commands=("up",), duration=True),
+    Flag("cluster", (), Str, None, None, "Only this cluster (name or spec file).",
+         commands=("status",), key="status_cluster"),
+    Flag("refresh", ("--refresh/--no-refresh",), bool, True, None, "Ask the providers for node "
+         "states (default --refresh).", commands=("status",)),
+)
 # fmt: on
-OPTIONS: Mapping[str, Flag] = {f.name: f for f in _ENTRIES}
-"""Every option, by parameter name, in the order ``plan``/``render``/``launch``/``check`` take
-them (and their help lists them)."""
+OPTIONS: Mapping[str, Flag] = {
+    f.key or f.name: f for f in (*_ENTRIES, *(replace(f, field=False) for f in _OWN))
+}
+"""Every option, by its key (its parameter name unless two commands' parameters of one name
+differ), in the order ``plan``/``render``/``launch``/``check`` take them (and their help lists
+them), then the other commands' own."""
 
 SPEC_DEFAULTS: Mapping[str, Flag] = {
     f.spec_key.removeprefix("defaults."): f
