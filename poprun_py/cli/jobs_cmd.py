@@ -21,13 +21,12 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
-from poprun_py.cli.durations import DURATION_TEXT
 from poprun_py.cli.examples import epilog
 from poprun_py.core.spec import SshOptions
 from poprun_py.errors import EXIT_LOST, UsageError
@@ -37,28 +36,6 @@ if TYPE_CHECKING:
     from poprun_py.jobs.record import JobRecord
     from poprun_py.jobs.supervisor import Recorder
 
-JobId = Annotated[str, typer.Argument(help="The job id `launch --detach` printed.")]
-Follow = Annotated[bool, typer.Option("--follow", help="Follow the output until the job ends.")]
-Instance = Annotated[
-    Optional[int],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option("--instance", help="Only this instance's output (its log)."),
-]
-Prune = Annotated[
-    bool,
-    typer.Option(
-        "--prune",
-        help="Remove the ended detached jobs (their directories on their supervisor hosts, "
-        "and this machine's record of them) instead of listing them.",
-    ),
-]
-OlderThan = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--older-than",
-        click_type=DURATION_TEXT,
-        help="With --prune: only jobs that ended at least this long ago (90s, 45m, 2h, 7d).",
-    ),
-]
 DEFAULT_GRACE = 5.0
 
 
@@ -69,8 +46,8 @@ def jobs_cmd(  # noqa: PLR0917 - typer maps every option to a parameter
     cluster: str | None = None,
     fmt: str = "table",
     ssh: o.Ssh = o.SSH_HERE,
-    prune: Prune = False,
-    older_than: OlderThan = None,
+    prune: bool = False,
+    older_than: str | None = None,
 ) -> None:
     """List detached jobs: id, state, hosts, start, attempts, exit code (--prune: remove the
     ended ones)."""
@@ -138,9 +115,9 @@ def _print_table(records: list[JobRecord]) -> None:
 @app.command("logs", epilog=epilog("logs"))
 @o.takes("logs")
 def logs_cmd(
-    job_id: JobId,
-    follow: Follow = False,
-    instance: Instance = None,
+    job_id: str,
+    follow: bool = False,
+    instance: int | None = None,
     hosts: str | None = None,
     cluster: str | None = None,
 ) -> None:
@@ -203,7 +180,7 @@ class _TaggedWriter:
 
 @app.command("stop", epilog=epilog("stop"))
 @o.takes("stop")
-def stop_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
+def stop_cmd(job_id: str, hosts: str | None = None, cluster: str | None = None) -> None:
     """Stop a detached job on every host (TERM, KILL after its grace period); stopping a job
     that has ended does nothing."""
     from poprun_py.jobs.finder import record_of
@@ -220,7 +197,7 @@ def stop_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None
 
 @app.command("wait", epilog=epilog("wait"))
 @o.takes("wait")
-def wait_cmd(job_id: JobId, hosts: str | None = None, cluster: str | None = None) -> None:
+def wait_cmd(job_id: str, hosts: str | None = None, cluster: str | None = None) -> None:
     """Wait for a detached job to end; exit with its exit code."""
     from poprun_py.jobs.finder import job_host, record_of
     from poprun_py.jobs.record import check_job_id
@@ -252,7 +229,8 @@ def _job_host(
 
 
 @app.command("supervise", hidden=True)
-def supervise_cmd(job_id: JobId) -> None:
+@o.takes("supervise")
+def supervise_cmd(job_id: str) -> None:
     """The supervisor of a detached job (started by ``launch --detach``; reads its record on
     stdin)."""
     from poprun_py.jobs.supervisor import detach_and_run
