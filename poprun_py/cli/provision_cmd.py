@@ -17,46 +17,18 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from poprun_py.cli import options as o
 from poprun_py.cli.app import app, console
-from poprun_py.cli.durations import DURATION
 from poprun_py.cli.examples import epilog
 from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
     from poprun_py.providers.lifecycle import ClusterStatus, DownResult, UpResult
-
-ClusterArg = Annotated[
-    str,
-    typer.Argument(
-        help="Cluster spec YAML with a provider: block (down also takes a cluster name).",
-    ),
-]
-Yes = Annotated[
-    bool,
-    typer.Option("--yes", "-y", help="Do not ask before creating machines that cost money."),
-]
-AcceptNew = Annotated[
-    bool,
-    typer.Option(
-        "--accept-new-host-keys",
-        help="static nodes: record unknown SSH host keys (a changed key is always refused).",
-    ),
-]
-WaitTimeout = Annotated[
-    Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
-    typer.Option(
-        "--wait-timeout",
-        click_type=DURATION,
-        help="How long to wait for nodes to run and answer SSH (90s, 45m, 2h, or seconds; "
-        "default: local/static 30s, aws 15m).",
-    ),
-]
 
 
 class RichReporter:
@@ -124,10 +96,10 @@ def confirm_cost(notice: str, yes: bool) -> None:
 @app.command("up", epilog=epilog("up"))
 @o.takes("up")
 def up_command(
-    cluster: ClusterArg,
-    yes: Yes = False,
-    accept_new_host_keys: AcceptNew = False,
-    wait_timeout: WaitTimeout = None,
+    cluster: str,
+    yes: bool = False,
+    accept_new_host_keys: bool = False,
+    wait_timeout: float | None = None,
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Create the cluster's nodes, wait for SSH, run its setup script, write the inventory."""
@@ -165,8 +137,8 @@ def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
 @app.command("down", epilog=epilog("down"))
 @o.takes("down")
 def down_command(
-    cluster: ClusterArg,
-    accept_new_host_keys: AcceptNew = False,
+    cluster: str,
+    accept_new_host_keys: bool = False,
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Remove everything poprun-py created for the cluster (harmless when nothing exists)."""
@@ -201,23 +173,8 @@ def _spec_or_name(cluster: str) -> ClusterSpec:
 
 
 @app.command("status", epilog=epilog("status"))
-def status_command(
-    cluster: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Argument(help="Only this cluster (name or spec file)."),
-    ] = None,
-    refresh: Annotated[
-        bool,
-        typer.Option(
-            "--refresh/--no-refresh",
-            show_default=False,
-            help="Ask the providers for node states (default --refresh).",
-        ),
-    ] = True,
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", show_default=False, help="table | json (default table)")
-    ] = "table",
-) -> None:
+@o.takes("status")
+def status_command(cluster: str | None = None, refresh: bool = True, fmt: str = "table") -> None:
     """List provisioned clusters and their nodes."""
     from poprun_py.providers.lifecycle import status
 
