@@ -101,7 +101,7 @@ class Pods:
             *("--node-rank", str(rank), "--nnodes", str(len(self.cluster.hosts))),
             *("--coordinator", f"{self.cluster.hosts[0].address}:{PORT}"),
             *("--secret-file", str(secret or self.secret), "--hosts", self.names),
-            *("--no-numa-aware", "--join-timeout", "20s", "--host-timeout", "5s"),
+            *("--no-numa-aware", "--join-timeout", "20s"),
             *extra,
             "--",
             *program,
