@@ -182,14 +182,27 @@ def test_mpiexec_small_job_stays_on_the_command_line() -> None:
 
 
 def test_slurm_node_lists_fold_when_long_and_expand_back() -> None:
-    names = expand_names(HOSTS)
+    names = expand_names("nid[000001-004096]")
     assert nodelist(names[:3]) == ",".join(names[:3])  # small: as before
     folded = nodelist([*reversed(names), "login1", "login1"])
-    assert folded == "node[0001-4096].cluster.example.org,login1"
+    assert folded == "nid[000001-004096],login1"
     assert expand_names(folded) == [*names, "login1"]
-    mixed = [f"r{i}n{j:03d}" for i in (1, 2) for j in (1, 2, 3, 7)]
-    assert fold_hosts(mixed) == "r1n[001-003,007],r2n[001-003,007]"
+    mixed = [f"r{i}n{j:03d}" for i in (1, 2) for j in (1, 2, 3, 7)] + ["gpu1-ib", "gpu2-ib"]
+    assert fold_hosts(mixed) == "r1n[001-003,007],r2n[001-003,007],gpu1-ib,gpu2-ib"
     assert sorted(expand_names(fold_hosts(mixed))) == sorted(mixed)
+
+
+@pytest.mark.requires("srun")  # slurm-client: scontrol too
+def test_slurm_itself_expands_the_folded_lists(tmp_path: Path) -> None:
+    """Slurm's own parser (``scontrol show hostnames``) reads the folded lists back."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\n")
+    names = [f"n{i:02d}" for i in (1, 2, 3, 5, 10)] + ["n9", "login", "gpu1-ib", "nid0007"]
+    argv = ["scontrol", "show", "hostnames", fold_hosts(names)]
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == names
 
 
 # ------------------------------------------------------------------ real launchers
