@@ -92,12 +92,17 @@ class Pods:
         return ",".join(h.name for h in self.cluster.hosts)
 
     def start(
-        self, rank: int, program: Sequence[str], *extra: str, secret: Path | None = None
+        self,
+        rank: int,
+        program: Sequence[str],
+        *extra: str,
+        secret: Path | None = None,
+        command: str = "launch",
     ) -> Node:
         host = self.cluster.hosts[rank]
         argv = [
             *("ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", NAME_HOST),
-            *("sh", host.name, PY, "-m", "poprun_py", "launch"),
+            *("sh", host.name, PY, "-m", "poprun_py", command),
             *("--node-rank", str(rank), "--nnodes", str(len(self.cluster.hosts))),
             *("--coordinator", f"{self.cluster.hosts[0].address}:{PORT}"),
             *("--secret-file", str(secret or self.secret), "--hosts", self.names),
@@ -400,3 +405,12 @@ def test_a_hang_is_caught_with_every_nodes_stacks(pods: Pods, tmp_path: Path) ->
         log = (logs / f"instance-{i}.log").read_text()
         assert "most recent call first" in log, (i, log)
     assert "wait_for_the_loader" in (logs / "instance-2.log").read_text()
+
+
+def test_check_runs_on_every_node_and_node_0_shows_the_table(pods: Pods) -> None:
+    nodes = [pods.start(k, ["true"], "--check-timeout", "30", command="check") for k in range(3)]
+    codes = [node.wait(90) for node in nodes]
+    assert codes == [0, 0, 0], [n.stdout + n.stderr for n in nodes]
+    rows = nodes[0].stdout.splitlines()
+    assert [row.split()[0] for row in rows[1:4]] == [h.name for h in pods.cluster.hosts], rows
+    assert not nodes[1].stdout and not nodes[2].stdout
