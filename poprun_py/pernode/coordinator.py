@@ -149,13 +149,14 @@ class Coordinator:
         try:
             hello = wire.accept_node(sock, lines, self.secret, wire.HANDSHAKE_TIMEOUT)
             verdict = self._verdict(hello)
+            if verdict is not None:  # logged before the node hears it
+                self._refuse(where, f"node {hello.rank}: {verdict}")
             wire.send_line(sock, b"ok" if verdict is None else wire.order("no", verdict))
         except (wire.WireError, OSError) as exc:
             self._refuse(where, str(exc))
             sock.close()
             return
         if verdict is not None:
-            self._refuse(where, f"node {hello.rank}: {verdict}")
             sock.close()
             return
         with self.cond:

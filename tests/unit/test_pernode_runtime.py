@@ -226,3 +226,17 @@ def test_check_runs_over_the_joined_nodes_and_node_0_prints_the_table() -> None:
     assert [row.split()[0] for row in rows[1:4]] == hosts.split(","), rows
     outcomes = nodes.join()
     assert all(e is None if code == 0 else e.exit_code == code for e in outcomes.values())
+
+
+def test_a_rank_outside_the_job_is_refused() -> None:
+    with Coordinator(["n0", "n1"], SECRET, "d", 0, 1.0) as coordinator:
+        stranger = NodeIdentity(5, 6, "127.0.0.1", coordinator.port, "--node-rank")
+        with pytest.raises(wire.Refused, match="rank 5 is not one of this job's nodes 0-1"):
+            per_node_loop(stranger)
+        assert "node 5: rank 5" in coordinator.refused[-1]
+
+
+def per_node_loop(node: NodeIdentity) -> int:
+    from poprun_py.pernode.node import node_loop
+
+    return node_loop(node, SECRET, "d", 2.0, 5.0)
