@@ -249,13 +249,15 @@ class Coordinator:
             text += f" ({len(self.refused)} connection(s) refused; last: {self.refused[-1]})"
         return text
 
-    def finish(self, code: int, wait: float = FINISH_WAIT) -> None:
+    def finish(self, code: int, wait: float = FINISH_WAIT, lost: Sequence[str] = ()) -> None:
         """Tell every node that joined to exit with ``code`` (each dials again once its agent
-        has ended: up to ``wait`` seconds for all), then close."""
+        has ended: up to ``wait`` seconds for all; the nodes of ``lost`` hosts only if they
+        wait already), then close."""
         deadline = time.monotonic() + wait
         for rank in sorted(self.seen):
+            gone = self.hosts[rank] in lost
             try:
-                sock, _ = self.take(rank, deadline)
+                sock, _ = self.take(rank, time.monotonic() if gone else deadline)
             except TransportError:
                 continue
             with contextlib.suppress(OSError):

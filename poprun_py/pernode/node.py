@@ -260,18 +260,19 @@ def _coordinate(
         args = (here, secret, digest, join_timeout, prep.host_timeout)
         own = threading.Thread(target=_own_node, args=args, daemon=True, name="poprun-node-0")
         own.start()
-        code = EXIT_FAILURE
+        code, lost = EXIT_FAILURE, ()
         try:
             launch(replace(prep, backend="ssh"), PerNodeBackend(coordinator))
             code = 0
         except PoprunError as exc:
             code = exc.exit_code
+            lost = getattr(getattr(exc, "result", None), "lost_hosts", ())
             raise
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
             raise
         finally:
-            coordinator.finish(code)
+            coordinator.finish(code, lost=lost)  # a lost node's launcher is not waited for
             own.join(wire.HANDSHAKE_TIMEOUT)
 
 
