@@ -240,3 +240,16 @@ def per_node_loop(node: NodeIdentity) -> int:
     from poprun_py.pernode.node import node_loop
 
     return node_loop(node, SECRET, "d", 2.0, 5.0)
+
+
+@pytest.mark.parametrize("flag", ["--detach", "--check"])
+def test_the_cli_refuses_what_per_node_launch_cannot_do(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from poprun_py.cli import run
+
+    identity = ["--node-rank", "0", "--nnodes", "1", "--coordinator", "127.0.0.1:9"]
+    code = run(["launch", *identity, flag, "--hosts", "n0", "--", "true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"{flag} is not available in per-node mode" in err[0]
