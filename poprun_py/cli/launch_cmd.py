@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from poprun_py.backends.base import Backend
     from poprun_py.core.plan import LaunchPlan
     from poprun_py.core.result import LaunchResult
+    from poprun_py.jobs.record import JobRecord
     from poprun_py.launch.check import CheckReport, Swapped
 
 
@@ -59,7 +60,7 @@ def _command(mode: str) -> Callable[..., None]:
         if only is not None and only < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
         one_key = onekey.OneKey(given["up"], given["down"], given["yes"], given["detach"])
-        _per_node_refuses(opts, detach=one_key.detach, check=given["check"])
+        _per_node_refuses(opts, check=given["check"])
         _only_rendered(mode, opts.backend)
         with onekey.cycle(opts, one_key, mode, dry_run) as opts:
             prep = prepare(opts)
@@ -140,11 +141,11 @@ def _per_node_wanted(opts: LaunchOptions) -> bool:
     return wanted(opts.node_rank, opts.nnodes, opts.coordinator, opts.per_node)
 
 
-def _per_node_refuses(opts: LaunchOptions, *, detach: bool, check: bool) -> None:
-    """UsageError (exit 2, one line) for what per-node mode cannot do alongside it."""
-    for flag, given in (("--detach", detach), ("--check", check)):
-        if given and _per_node_wanted(opts):
-            raise UsageError(f"{flag} is not available in per-node mode (docs/per-node.md)")
+def _per_node_refuses(opts: LaunchOptions, *, check: bool) -> None:
+    """UsageError (exit 2, one line) for what per-node mode cannot do alongside it: ``launch
+    --check`` (``check`` itself takes the per-node options)."""
+    if check and _per_node_wanted(opts):
+        raise UsageError("--check is not available in per-node mode (docs/per-node.md)")
 
 
 def _check(
@@ -280,11 +281,7 @@ def _detach(
     with _warnings_to_stderr():
         options = DetachOptions(output_dir, sync, down, here, dict(cli or {}), check)
         record = detach(prep, options)
-    where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
-    sys.stderr.write(
-        f"poprun-py: job {record.id}: {len(record.instances)} instance(s) running, "
-        f"supervised on {where}; poprun-py logs --follow {record.id}\n"
-    )
+    sys.stderr.write(f"poprun-py: job {record.id}: {_detached_line(record)}\n")
     if fmt == "json":
         from poprun_py.jobs.record import log_locations
 
@@ -294,6 +291,25 @@ def _detach(
     else:
         sys.stdout.write(f"{record.id}\n")
     sys.stdout.flush()
+
+
+def _detached_line(record: "JobRecord") -> str:
+    """What ``launch --detach`` says of the job it handed over (in per-node mode: of this
+    node's part of it)."""
+    node = record.options.get("per_node")
+    follow = f"poprun-py logs --follow {record.id}"
+    if node is not None and node["rank"]:
+        return (
+            f"node {node['rank']} of {node['nnodes']} joined the coordinator at "
+            f"{node['coordinator']}, its part supervised on this machine; {follow} "
+            "(node 0's job has every instance's output)"
+        )
+    where = "this machine" if record.supervisor == "localhost" else f"host {record.supervisor}"
+    coordinating = "" if node is None else f", node 0 of {node['nnodes']} coordinating"
+    return (
+        f"{len(record.instances)} instance(s) running, supervised on {where}{coordinating}; "
+        f"{follow}"
+    )
 
 
 def _launch(
@@ -318,7 +334,7 @@ def _launch(
         def run(p: Prepared, joined: "Backend") -> None:
             _launch(p, output_dir, only_from, False, on_running, keep=keep, fmt=fmt, backend=joined)
 
-        launch_per_node(prep, run, sync=sync)
+        launch_per_node(prep, run, sync=sync, on_running=on_running)
         return
     from poprun_py.cli.machine import launch_dict
     from poprun_py.core.result import LastWords

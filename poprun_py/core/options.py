@@ -29,8 +29,6 @@ PER_NODE = (
 """Why the Slurm batch job does not get the per-node options."""
 PER_NODE_COMMANDS = ("launch", "check")
 """The commands that run in per-node mode (``check``: node 0 checks the joined nodes)."""
-NO_DETACH = "per-node mode refuses --detach: node 0's launcher is the job's supervisor"
-"""Why a detached job's record does not carry the per-node options."""
 LAUNCHING = ("plan", "render", "launch", "check")
 REMOTE = (*LAUNCHING, "exec", "sync")
 EVERY = (*REMOTE, "jobs", "up", "down")
@@ -275,26 +273,26 @@ _ENTRIES = (
     Flag("node_rank", ("--node-rank",), Int, None, H_NODE, "Per-node mode (every node runs "
          "this launch, no SSH between nodes; docs/per-node.md): this node's rank, 0 to N-1 "
          "(default: the environment's).", commands=PER_NODE_COMMANDS, batch=PER_NODE,
-         detach=NO_DETACH, metavar="K"),
+         metavar="K"),
     Flag("nnodes", ("--nnodes",), Int, None, H_NODE, "Per-node mode: the number of nodes, one "
          "per host of the plan (default: the environment's).", commands=PER_NODE_COMMANDS,
-         batch=PER_NODE, detach=NO_DETACH, metavar="N"),
+         batch=PER_NODE, metavar="N"),
     Flag("coordinator", ("--coordinator",), Str, None, H_NODE, "Per-node mode: node 0's "
          "address, which every node joins; port 29400 unless given (default: the "
          "environment's).",
-         commands=PER_NODE_COMMANDS, batch=PER_NODE, detach=NO_DETACH, metavar="HOST[:PORT]"),
+         commands=PER_NODE_COMMANDS, batch=PER_NODE, metavar="HOST[:PORT]"),
     Flag("per_node", ("--per-node",), bool, False, H_NODE, "Per-node mode, the node's rank, "
          "the node count and the coordinator all from the environment (POPRUN_*, Kubeflow's "
          "PET_*, JOB_COMPLETION_INDEX, Slurm's, Open MPI's).", commands=PER_NODE_COMMANDS,
-         batch=PER_NODE, detach=NO_DETACH),
+         batch=PER_NODE),
     Flag("join_timeout", ("--join-timeout",), float, 120.0, H_NODE, "Per-node mode: how long "
          "the coordinator waits for every node to join, and a node for the coordinator "
-         "(default 2m).", commands=PER_NODE_COMMANDS, batch=PER_NODE, detach=NO_DETACH,
+         "(default 2m).", commands=PER_NODE_COMMANDS, batch=PER_NODE,
          duration=True),
     Flag("secret_file", ("--secret-file",), Str, None, H_NODE, "Per-node mode: the file "
          "holding the secret every node shares (mode 600; default: POPRUN_SECRET_FILE's file, "
          "else POPRUN_SECRET). Never the secret itself in argv.", commands=PER_NODE_COMMANDS,
-         batch=PER_NODE, detach=NO_DETACH, path="path", metavar="PATH"),
+         batch=PER_NODE, path="path", metavar="PATH"),
 )
 PYTHON = Flag("python", (), Str, None, None, "The Python that runs a .py PROGRAM.",
               "defaults.python", (), field=False)  # a spec key with no flag

@@ -49,7 +49,8 @@ from poprun_py.jobs.record import JobRecord, new_job_id, to_json
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import HostSpec
-    from poprun_py.prepare.job import Prepared
+    from poprun_py.pernode.identity import NodeIdentity
+    from poprun_py.prepare.job import LaunchOptions, Prepared
 
 
 @dataclass(frozen=True)
@@ -94,16 +95,40 @@ def supervisor_host(prep: Prepared, here: bool) -> HostSpec | None:
     return prep.plan.hosts[0].spec
 
 
-def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> JobRecord:
-    """The record the supervisor starts from (see the module docstring)."""
+def detach_node(prep: Prepared, options: DetachOptions) -> JobRecord:
+    """Per-node mode: this node's part goes to a supervisor on this machine, which runs it as
+    an attached ``launch --node-rank K`` does (node 0's coordinates the job); returned once
+    every instance runs (node 0) or node 0 accepted this node (any other). Identity, secret
+    and node count are checked here first (exit 2, nothing started); the record carries the
+    identity resolved and the secret file's path -- never the secret, which the supervisor
+    reads as this launch does (the file, or ``POPRUN_SECRET`` in its environment)."""
+    from poprun_py.pernode.node import checked_node
+
+    if options.down is not None:
+        raise UsageError("--down is not available in per-node mode (docs/per-node.md)")
+    node, _ = checked_node(prep, sync=options.sync)
+    record = supervisor_record(prep, options, "localhost", node=node)
+    return _start(LocalJobHost(), record, prep)
+
+
+def supervisor_record(
+    prep: Prepared, options: DetachOptions, where: str, *, node: NodeIdentity | None = None
+) -> JobRecord:
+    """The record the supervisor starts from (see the module docstring); ``node``: this
+    node's identity in per-node mode (its part: its own host, and the instances too on
+    node 0, which has their output)."""
     opts = prep.options
-    cluster = os.path.abspath(opts.cluster) if opts.cluster else None
-    resolved = replace(
-        opts,
-        backend=prep.backend,
-        cluster=cluster,
-        workdir=prep.plan.workdir or os.getcwd(),
-    )
+    paths = _absolute_paths(opts)  # the cluster spec's among them
+    cluster = paths.get("cluster")
+    workdir = prep.plan.workdir or os.getcwd()
+    resolved = replace(opts, backend=prep.backend, workdir=workdir, **paths)
+    if node is not None:  # what the environment gave, as flags: the same node anywhere
+        resolved = replace(
+            resolved,
+            node_rank=node.rank,
+            nnodes=node.nnodes,
+            coordinator=opts.coordinator or node.address,
+        )
     extra: dict[str, Any] = {
         "launch": asdict(resolved),
         "output_dir": options.output_dir and os.path.abspath(options.output_dir),
@@ -117,15 +142,40 @@ def supervisor_record(prep: Prepared, options: DetachOptions, where: str) -> Job
         if path:
             extra[f"{key}_text"] = Path(path).read_text(encoding="utf-8")
     plan = prep.plan
+    hosts, instances = tuple(h.name for h in plan.hosts), tuple(i.host for i in plan.instances)
+    name = plan.cluster.name
+    if node is not None:
+        extra["per_node"] = {"rank": node.rank, "nnodes": node.nnodes, "coordinator": node.address}
+        name = f"{name}-node{node.rank}"
+        if node.rank:
+            hosts, instances = hosts[node.rank : node.rank + 1], ()
     return JobRecord(
-        id=new_job_id(plan.cluster.name),
-        hosts=tuple(h.name for h in plan.hosts),
+        id=new_job_id(name),
+        hosts=hosts,
         backend=prep.backend,
         created=time.time(),
         supervisor=where,
-        instances=tuple(i.host for i in plan.instances),
+        instances=instances,
         options=extra,
     )
+
+
+def _absolute_paths(opts: LaunchOptions) -> dict[str, Any]:
+    """The launch options that the option catalog marks as paths (``path``: ``"path"``, or
+    ``"@"`` before a path), made absolute: the supervisor plans in the job's working
+    directory, which need not be the client's."""
+    from poprun_py.core.options import OPTIONS
+
+    made: dict[str, Any] = {}
+    for flag in OPTIONS.values():
+        value = getattr(opts, flag.name, None) if flag.field and flag.path else None
+        if not isinstance(value, str) or not value:
+            continue
+        if flag.path == "path":
+            made[flag.name] = os.path.abspath(os.path.expanduser(value))
+        elif value.startswith("@"):
+            made[flag.name] = "@" + os.path.abspath(os.path.expanduser(value[1:]))
+    return made
 
 
 def secrets(prep: Prepared) -> dict[str, str]:
@@ -135,7 +185,13 @@ def secrets(prep: Prepared) -> dict[str, str]:
 
 
 def detach(prep: Prepared, options: DetachOptions) -> JobRecord:
-    """Start the job's supervisor; return its record once every instance runs."""
+    """Start the job's supervisor; return its record once every instance runs (in per-node
+    mode: :func:`detach_node`)."""
+    from poprun_py.pernode.identity import wanted
+
+    opts = prep.options
+    if wanted(opts.node_rank, opts.nnodes, opts.coordinator, opts.per_node):
+        return detach_node(prep, options)
     check_detachable(prep)
     host = supervisor_host(prep, options.here)
     record = supervisor_record(prep, options, host.name if host is not None else "localhost")

@@ -30,6 +30,7 @@ Run as a doctest (tests/unit/test_docstrings.py): a node whose coordinator is no
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -59,6 +60,7 @@ log = logging.getLogger("poprun_py")
 RECONNECT = 10.0  # after an agent ended: seconds to reach the coordinator again, at most
 RETRY = 0.1  # seconds between dials while the coordinator is not listening yet
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+STOP_WAIT = 30.0  # seconds an interrupted node's agent has to stop its instances and exit
 
 
 class CoordinatorUnreachable(PoprunError):
@@ -127,10 +129,37 @@ def wait_order(lines: wire.Lines, liveness: float) -> tuple[str, Any]:
 def relay(argv: list[str], sock: socket.socket, first: bytes) -> int:
     """Run ``argv`` (in a session of its own) with its stdin and stdout relayed over ``sock``
     (``first``: bytes that already came for it) until it exits; its exit status. Its stderr
-    is this launcher's. The socket's end closes its stdin; its output's end, the socket."""
+    is this launcher's. The socket's end closes its stdin; its output's end, the socket.
+    Interrupted (SIGTERM, Ctrl-C), the agent's stdin is closed -- it stops its instances --
+    and it is waited for (:data:`STOP_WAIT` seconds, then killed)."""
     child = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, start_new_session=True
     )
+    try:
+        return _relayed(child, sock, first)
+    except BaseException:
+        _stop_agent(child, sock)
+        raise
+
+
+def _stop_agent(child: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    """The agent's stdin closed (it stops its instances), then its end waited for."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    for pipe in (child.stdin, child.stdout):
+        with contextlib.suppress(OSError):
+            if pipe is not None:
+                pipe.close()
+    try:
+        child.wait(STOP_WAIT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    sock.close()
+
+
+def _relayed(child: subprocess.Popen[bytes], sock: socket.socket, first: bytes) -> int:
     assert child.stdin is not None and child.stdout is not None
     stdin = child.stdin
 
@@ -163,15 +192,25 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def node_loop(
-    node: NodeIdentity, secret: bytes, digest: str, join_timeout: float, liveness: float
+    node: NodeIdentity,
+    secret: bytes,
+    digest: str,
+    join_timeout: float,
+    liveness: float,
+    *,
+    joined: Callable[[], None] | None = None,
 ) -> int:
     """Dial, take orders, run agents, until ``done RC``: RC. CoordinatorUnreachable when no
     coordinator answers within ``join_timeout`` (later: within :data:`RECONNECT`) or it goes
-    away while this node waits; WireError when it refuses this node."""
+    away while this node waits; WireError when it refuses this node. ``joined``: called once,
+    when the coordinator first accepted this node (a detached node's launcher returns then)."""
     hello = wire.Hello(node.rank, digest)
     deadline, within = wire.deadline_in(join_timeout), join_timeout
     while True:
         sock, lines = dial(node, secret, hello, deadline, within)
+        if joined is not None:
+            joined()
+            joined = None
         try:
             kind, value = wait_order(lines, liveness)
         except wire.WireError as exc:
@@ -193,30 +232,39 @@ def launch_per_node(
     prep: Prepared,
     launch: Callable[[Prepared, Backend], None],
     *,
-    detach: bool = False,
     sync: bool = False,
+    on_running: Callable[[int], None] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> None:
-    """``launch`` in per-node mode (the CLI's): this node's identity and the secret from the
-    options and ``environ`` (default: this process's), then :func:`per_node`. UsageError
-    (exit 2) for what per-node mode cannot do: ``--detach`` (node 0's launcher is the job's
-    supervisor), ``--sync`` (it needs SSH: put the files on every node) and spare hosts."""
-    from poprun_py.pernode.identity import resolve_identity
+    """``launch`` in per-node mode (the CLI's, attached or in a detached job's supervisor):
+    this node's identity and the secret (:func:`checked_node`), then :func:`per_node`.
+    ``on_running``: on a node other than 0, called (with 0) once node 0 accepted it -- node 0
+    calls it itself, from ``launch``, once every instance runs."""
+    node, secret = checked_node(prep, sync=sync, environ=environ)
+    joined = None if on_running is None else functools.partial(on_running, 0)
+    per_node(prep, node, secret, prep.options.join_timeout, launch, joined=joined)
+
+
+def checked_node(
+    prep: Prepared, *, sync: bool = False, environ: Mapping[str, str] | None = None
+) -> tuple[NodeIdentity, bytes]:
+    """This node's identity and the secret, from the options and ``environ`` (default: this
+    process's). UsageError (exit 2) for what per-node mode cannot do -- ``--sync`` (it needs
+    SSH: put the files on every node) and spare hosts -- for a bad identity or secret, and for
+    a node count that is not the plan's."""
+    from poprun_py.pernode.identity import check_nnodes, resolve_identity
     from poprun_py.pernode.secret import read_secret
 
     env = os.environ if environ is None else environ
-    unavailable = {
-        "--detach": detach,
-        "--sync": sync,
-        "--spare-hosts": bool(prep.long_run.spares),
-    }
+    unavailable = {"--sync": sync, "--spare-hosts": bool(prep.long_run.spares)}
     for flag, given in unavailable.items():
         if given:
             raise UsageError(f"{flag} is not available in per-node mode (docs/per-node.md)")
     opts = prep.options
     node = resolve_identity(opts.node_rank, opts.nnodes, opts.coordinator, env)
     secret = read_secret(opts.secret_file, env)
-    per_node(prep, node, secret, opts.join_timeout, launch)
+    check_nnodes(node, prep.plan)
+    return node, secret
 
 
 def per_node(
@@ -225,18 +273,24 @@ def per_node(
     secret: bytes,
     join_timeout: float,
     launch: Callable[[Prepared, Backend], None],
+    *,
+    joined: Callable[[], None] | None = None,
 ) -> None:
     """Node ``node.rank``'s part: node 0 runs the coordinator, its own node loop (over the
     loopback) and ``launch`` with the joined nodes as its hosts, then tells every node the
-    outcome; any other node runs the node loop. JobFailed with the job's exit code."""
+    outcome; any other node runs the node loop (``joined``: called once node 0 accepted it;
+    SIGTERM and SIGHUP stop it as Ctrl-C does: its agent stops its instances). JobFailed with
+    the job's exit code."""
     from poprun_py.pernode.digest import plan_digest
     from poprun_py.pernode.identity import check_nnodes
+    from poprun_py.process.signals import interrupting
 
     check_nnodes(node, prep.plan)
     digest = plan_digest(prep.plan)
     if not node.is_coordinator:
-        with _forwarded_signals_kept(node.rank):
-            code = node_loop(node, secret, digest, join_timeout, prep.host_timeout)
+        with interrupting(), _forwarded_signals_kept(node.rank):
+            live = prep.host_timeout
+            code = node_loop(node, secret, digest, join_timeout, live, joined=joined)
         if code:
             raise JobFailed(code)
         return

@@ -25,7 +25,6 @@ import typer
 from poprun_py.cli import launch_cmd, run
 from poprun_py.cli.app import app
 from poprun_py.cli.option_model import DONE_BY_THE_CLIENT, NOT_PASSED_ON, launch_options
-from poprun_py.core.options import NO_DETACH
 from poprun_py.jobs import detach as detach_mod
 from poprun_py.jobs.record import from_json
 from poprun_py.jobs.supervisor import Recorder
@@ -211,15 +210,13 @@ def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Captured:
         yield host
 
     monkeypatch.setattr(detach_mod, "remote_job_host", fake_remote)
+    monkeypatch.setattr(detach_mod, "LocalJobHost", lambda: host)  # per-node mode's, here
+    monkeypatch.setenv("POPRUN_SECRET", "the-matrix-secret-0123456789")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return host
 
 
-PER_NODE = {n for n, why in DONE_BY_THE_CLIENT.items() if why == NO_DETACH}
-"""Per-node mode's options: it refuses --detach (tests/unit/test_pernode_runtime.py)."""
-DETACH_ROWS = [
-    n for n in ROWS if (n in FIELDS or n not in DONE_BY_THE_CLIENT) and n not in PER_NODE
-]
+DETACH_ROWS = [n for n in ROWS if n in FIELDS or n not in DONE_BY_THE_CLIENT]
 
 
 @pytest.mark.parametrize("name", DETACH_ROWS)

@@ -183,8 +183,6 @@ def test_a_stranger_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> N
 
 def test_what_per_node_mode_cannot_do_is_refused_in_one_line() -> None:
     prep = prepared(["true"], node_rank=1, nnodes=3, coordinator="127.0.0.1:9")
-    with pytest.raises(UsageError, match="--detach is not available in per-node mode"):
-        launch_per_node(prep, _never, detach=True, environ={"POPRUN_SECRET": SECRET.decode()})
     with pytest.raises(UsageError, match="--sync is not available"):
         launch_per_node(prep, _never, sync=True, environ={"POPRUN_SECRET": SECRET.decode()})
 
@@ -242,14 +240,20 @@ def per_node_loop(node: NodeIdentity) -> int:
     return node_loop(node, SECRET, "d", 2.0, 5.0)
 
 
-@pytest.mark.parametrize("flag", ["--detach", "--check"])
+@pytest.mark.parametrize(
+    "flags",
+    [["--check"], ["--detach", "--sync"], ["--detach", "--spare-hosts", "n1"]],
+    ids=["check", "detach-sync", "detach-spares"],
+)
 def test_the_cli_refuses_what_per_node_launch_cannot_do(
-    flag: str, capsys: pytest.CaptureFixture[str]
+    flags: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from poprun_py.cli import run
 
+    monkeypatch.setenv("POPRUN_SECRET", SECRET.decode())
     identity = ["--node-rank", "0", "--nnodes", "1", "--coordinator", "127.0.0.1:9"]
-    code = run(["launch", *identity, flag, "--hosts", "n0", "--", "true"])
+    code = run(["launch", *identity, *flags, "--hosts", "n0", "--", "true"])
+    flag = flags[-1] if flags[-1].startswith("--") else flags[-2]
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"{flag} is not available in per-node mode" in err[0]
