@@ -41,20 +41,23 @@ class ChildExit:
     """How one child ended. ``returncode`` is negative for a signal (subprocess's convention),
     None when it never started.
     ``state`` is ``exited`` (on its own), ``stopped`` (poprun-py had signalled it and it did not
-    exit 0) or ``not-started`` (a stop began before its turn came)."""
+    exit 0) or ``not-started`` (a stop began before its turn came); its text is taken too."""
 
     index: int
     host: str
     returncode: int | None
     started: float
     ended: float
-    state: str = "exited"
+    state: InstanceState = InstanceState.EXITED
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", InstanceState(self.state))
 
     @property
     def stopped(self) -> bool:
         """True when poprun-py stopped it (or never started it)."""
-        return self.state != "exited"
+        return self.state is not InstanceState.EXITED
 
     @property
     def failed(self) -> bool:
@@ -69,7 +72,7 @@ class ChildExit:
             host=self.host,
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
-            state=InstanceState(self.state),
+            state=self.state,
             started=self.started,
             ended=self.ended,
             detail=self.detail,

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from poprun_py.core.result import InstanceState
 from poprun_py.hostside.identity import (
     belonging,
     boot_ticks,
@@ -252,7 +253,9 @@ class Supervision:
     def _failed_start(self, child: Child, err: OSError, when: float) -> None:
         code = 127 if isinstance(err, FileNotFoundError) else 126
         detail = f"cannot start {child.argv[0]!r}: {err.strerror or err}"
-        exit_ = ChildExit(child.index, child.host, code, when, time.time(), "exited", detail)
+        exit_ = ChildExit(
+            child.index, child.host, code, when, time.time(), InstanceState.EXITED, detail
+        )
         self._record(exit_)
         self.control.ended(exit_.result())
 
@@ -274,7 +277,9 @@ class Supervision:
     def _not_started(self, child: Child) -> None:
         now = time.time()
         self._record(
-            ChildExit(child.index, child.host, None, now, now, "not-started", "not started")
+            ChildExit(
+                child.index, child.host, None, now, now, InstanceState.NOT_STARTED, "not started"
+            )
         )
 
     def _record(self, exit_: ChildExit) -> None:
@@ -385,7 +390,7 @@ class Supervision:
             self.sel.unregister(proc.pidfd)
             os.close(proc.pidfd)
         stopped = proc.signalled and code != 0
-        child, state = proc.child, "stopped" if stopped else "exited"
+        child, state = proc.child, InstanceState.STOPPED if stopped else InstanceState.EXITED
         exit_ = ChildExit(child.index, child.host, code, proc.started, time.time(), state)
         self._record(exit_)
         self.control.ended(exit_.result())

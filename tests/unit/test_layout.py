@@ -1,6 +1,6 @@
 """The layout's contracts, enforced: the pure core imports no I/O library and nothing of
 poprun-py outside ``core/`` but ``errors``; no product module is named ``test*``; no module
-grows past ~600 lines; the package has no import circles."""
+grows past 600 lines; the package has no import circles."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ IO_LIBRARIES = {
     "botocore",
     "fabric",
 }
-MAX_LINES = 620
+MAX_LINES = 600
 
 
 def modules() -> list[str]:
