@@ -26,7 +26,6 @@ from types import MappingProxyType
 from typing import Any
 
 Path = tuple[str | int, ...]
-_MISSING: Any = object()
 
 
 class SchemaFault(ValueError):
