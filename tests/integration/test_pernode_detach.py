@@ -12,6 +12,7 @@ the root cause by node 0's ``wait`` and ``jobs``; the other nodes' parts end wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -96,10 +97,8 @@ class DetachedPods(Pods):
 
 
 def with_pid(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")
