@@ -42,6 +42,14 @@ from poprun_py.providers.base import NullReporter, Reporter
 from poprun_py.providers.records import Node, ProvisionRecord, Resource
 from poprun_py.providers.state import ClusterState, write_private
 
+TAGGED = {
+    "placement-group": ("placement_group", "PlacementGroups", "GroupName"),
+    "security-group": ("security_group", "SecurityGroups", "GroupId"),
+    "key-pair": ("key_pair", "KeyPairs", "KeyName"),
+}
+"""A cluster's tagged resources by kind: the EC2 noun (``describe_<noun>s``,
+``delete_<noun>``), the list the description returns, and the key that names one."""
+
 
 class Ec2Session:
     """One ``up`` or ``down`` against one EC2 client: the steps, in order."""
@@ -310,9 +318,9 @@ class Ec2Session:
         removed = self.terminate_instances(known["instance"])
         removed += self.delete_leftovers()
         if self.cfg.placement_group or known["placement-group"]:
-            removed += self.delete_placement_groups(known["placement-group"])
-        removed += self.delete_security_groups(known["security-group"])
-        removed += self.delete_key_pairs(known["key-pair"])
+            removed += self.delete_tagged("placement-group", known["placement-group"])
+        removed += self.delete_tagged("security-group", known["security-group"])
+        removed += self.delete_tagged("key-pair", known["key-pair"])
         return tuple(removed)
 
     def terminate_instances(self, recorded: list[str]) -> list[Resource]:
@@ -376,32 +384,13 @@ class Ec2Session:
             removed.append(Resource("volume", vol["VolumeId"]))
         return removed
 
-    def delete_placement_groups(self, recorded: list[str]) -> list[Resource]:
-        found = self.call("describe_placement_groups", Filters=self.cfg.tag_filters())
-        names = {g["GroupName"] for g in found["PlacementGroups"]} | set(recorded)
-        return [
-            Resource("placement-group", n)
-            for n in sorted(names)
-            if self.delete("delete_placement_group", GroupName=n)
-        ]
-
-    def delete_security_groups(self, recorded: list[str]) -> list[Resource]:
-        found = self.call("describe_security_groups", Filters=self.cfg.tag_filters())
-        ids = {g["GroupId"] for g in found["SecurityGroups"]} | set(recorded)
-        return [
-            Resource("security-group", g)
-            for g in sorted(ids)
-            if self.delete("delete_security_group", GroupId=g)
-        ]
-
-    def delete_key_pairs(self, recorded: list[str]) -> list[Resource]:
-        found = self.call("describe_key_pairs", Filters=self.cfg.tag_filters())
-        names = {k["KeyName"] for k in found["KeyPairs"]} | set(recorded)
-        return [
-            Resource("key-pair", n)
-            for n in sorted(names)
-            if self.delete("delete_key_pair", KeyName=n)
-        ]
+    def delete_tagged(self, kind: str, recorded: list[str]) -> list[Resource]:
+        """Delete every resource of ``kind`` (see :data:`TAGGED`) tagged for this cluster or
+        ``recorded``; the ones that were there."""
+        noun, listed, key = TAGGED[kind]
+        found = self.call(f"describe_{noun}s", Filters=self.cfg.tag_filters())
+        ids = {item[key] for item in found[listed]} | set(recorded)
+        return [Resource(kind, i) for i in sorted(ids) if self.delete(f"delete_{noun}", **{key: i})]
 
     def delete(self, operation: str, **kwargs: Any) -> bool:
         """Delete one resource; False if already gone. Retries while it is still in use."""
