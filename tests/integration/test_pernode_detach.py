@@ -6,8 +6,9 @@ then run on the nodes.
 
 Covered: a job that runs to completion (``wait`` on every node gives its exit code, node 0's
 ``logs`` every instance's output), ``stop`` on node 0 (every node's instances stopped, every
-supervisor gone, nothing left in any namespace), and a failing instance on one node (named as
-the root cause by node 0's ``wait`` and ``jobs``; the other nodes' parts end with its code).
+supervisor gone, nothing left in any namespace), ``stop`` on another node (its part stopped,
+node 0 finds it lost), and a failing instance on one node (named as the root cause by node 0's
+``wait`` and ``jobs``; the other nodes' parts end with its code).
 """
 
 from __future__ import annotations
@@ -199,3 +200,20 @@ def test_a_failing_instance_on_one_node_is_the_root_cause(pods: DetachedPods) ->
     for rank in (1, 2):  # the other nodes' parts end with the job's code
         assert pods.run(rank, "wait", ids[rank]).returncode == 7
     assert [pids_of(h, mark) for h in pods.cluster.hosts] == [[], [], []]
+
+
+def test_stop_on_another_node_stops_its_part_and_node_0_finds_it_lost(
+    pods: DetachedPods,
+) -> None:
+    mark = unique_sleep()
+    ids = pods.detach_all(["sh", "-c", f"exec sleep {mark}"])
+    hosts = pods.cluster.hosts
+    until("every node's instance runs", lambda: all(pids_of(h, mark) for h in hosts))
+    stopped = pods.run(2, "stop", ids[2])
+    assert stopped.returncode == 0 and f"job {ids[2]} stopped" in stopped.stderr, stopped.stderr
+    done = pods.run(0, "wait", ids[0])
+    assert done.returncode == 255, done.stderr
+    assert f"host {hosts[2].name}" in done.stderr and "lost" in done.stderr, done.stderr
+    assert pods.run(1, "wait", ids[1]).returncode == 255
+    assert pods.run(2, "wait", ids[2]).returncode == 130
+    assert [pids_of(h, mark) for h in hosts] == [[], [], []]
