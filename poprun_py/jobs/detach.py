@@ -18,6 +18,10 @@ argv). ``--sync`` is done here first, from the client's files. With ``--check`` 
 the client runs the check and swaps failing hosts (the supervisor then runs on the first host
 of the replaced set); under ``check``, the record says what it decided.
 
+In per-node mode (:func:`detach_node`) every node's launcher detaches its own part: its
+supervisor runs on that node, node 0's coordinating the job; the record carries the node's
+identity as resolved and the secret file's path, never the secret.
+
 Example::
 
     record = detach(prep, DetachOptions(output_dir=None, sync=False))
