@@ -201,18 +201,7 @@ def _build(layout: Layout, state_root: Path) -> TestCluster:
     authorized = layout.state_dir / "authorized_keys"
     authorized.write_text(identity.with_suffix(".pub").read_text())
     hosts = tuple(_parallel(lambda i: start_host(layout, i), range(len(layout.host_names))))
-    cluster = TestCluster(
-        name=layout.name,
-        hosts=hosts,
-        subnet=layout.subnet,
-        bridge=layout.bridge,
-        gateway=layout.gateway,
-        state_dir=layout.state_dir,
-        identity_file=identity,
-        known_hosts=layout.state_dir / "known_hosts",
-        ssh_config=layout.state_dir / "ssh_config",
-        data_subnet=netns_data.data_subnet(layout.subnet_index) if layout.data else None,
-    )
+    cluster = _cluster(layout, hosts)
     write_known_hosts(cluster)
     cluster.ssh_config.write_text(ssh_config_text(cluster))
     with _lock(state_root):
@@ -270,17 +259,22 @@ def load_cluster(name: str, *, state_root: Path = DEFAULT_STATE_ROOT) -> TestClu
     index, names = int(record["subnet_index"]), tuple(record["host_names"])
     layout = Layout(name, index, names, state_dir, bool(record.get("data_network")))
     hosts = tuple(_load_host(layout, i) for i in range(len(layout.host_names)))
+    return _cluster(layout, hosts)
+
+
+def _cluster(layout: Layout, hosts: tuple[TestHost, ...]) -> TestCluster:
+    """The cluster of ``layout`` with ``hosts``; its client-side files in its state directory."""
     return TestCluster(
-        name=name,
+        name=layout.name,
         hosts=hosts,
         subnet=layout.subnet,
         bridge=layout.bridge,
         gateway=layout.gateway,
-        state_dir=state_dir,
-        identity_file=state_dir / "id_ed25519",
-        known_hosts=state_dir / "known_hosts",
-        ssh_config=state_dir / "ssh_config",
-        data_subnet=netns_data.data_subnet(index) if layout.data else None,
+        state_dir=layout.state_dir,
+        identity_file=layout.state_dir / "id_ed25519",
+        known_hosts=layout.state_dir / "known_hosts",
+        ssh_config=layout.state_dir / "ssh_config",
+        data_subnet=netns_data.data_subnet(layout.subnet_index) if layout.data else None,
     )
 
 
