@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,12 @@ def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
 def parse_cluster(text: str, source: str = "<spec>") -> ClusterSpec:
     """Validate the YAML ``text`` of a cluster spec; ``source`` names it in errors."""
     data, lines = _load_yaml(text, source)
+    where = _Where(source, lines)
     try:
         model = check(_CLUSTER, data)
     except SchemaFault as fault:
-        raise SpecError(
-            fault.message, source, _line_of(lines, fault.path), _key(fault.path)
-        ) from None
-    return _to_spec(model, lines, source)
+        raise where.fault(fault.message, fault.path) from None
+    return _to_spec(model, where)
 
 
 def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
@@ -208,56 +208,71 @@ def _index_lines(
             _index_lines(item, (*path, i), lines, source)
 
 
-def _line_of(lines: dict[tuple[Any, ...], int], path: tuple[Any, ...]) -> int | None:
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
+@dataclass(frozen=True)
+class _Where:
+    """Where one spec's keys stand (``lines``: a key path's line), to name them in errors."""
+
+    source: str
+    lines: dict[tuple[Any, ...], int]
+
+    def fault(self, message: str, path: tuple[Any, ...]) -> SpecError:
+        """A SpecError at ``path`` (its line: the nearest enclosing key's)."""
+        line = next(
+            (self.lines[path[:e]] for e in range(len(path), -1, -1) if path[:e] in self.lines), None
+        )
+        return SpecError(message, self.source, line, ".".join(str(p) for p in path))
+
+    def guard(self, check: Any, path: tuple[Any, ...]) -> Any:
+        """``check()``, its UsageError made a SpecError at ``path``."""
+        try:
+            return check()
+        except SpecError:
+            raise
+        except UsageError as exc:
+            raise self.fault(str(exc), path) from None
 
 
-def _to_spec(model: Record, lines: dict[tuple[Any, ...], int], source: str) -> ClusterSpec:
+def _to_spec(model: Record, where: _Where) -> ClusterSpec:
     topologies = {
-        name: _topology(t, lines, source, ("topologies", name))
-        for name, t in model.topologies.items()
+        name: _topology(t, where, ("topologies", name)) for name, t in model.topologies.items()
     }
     for name in model.env:
-        _guard(lambda n=name: check_env_name(n, "env name"), lines, source, ("env", name))
+        where.guard(lambda n=name: check_env_name(n, "env name"), ("env", name))
     hosts: list[HostSpec] = []
     for i, host in enumerate(model.hosts):
-        hosts.extend(_hosts(host, model.ssh, topologies, lines, source=source, path=("hosts", i)))
+        hosts.extend(_hosts(host, model.ssh, topologies, where, ("hosts", i)))
     spares: list[HostSpec] = []
     for i, host in enumerate(model.spares):
-        spares.extend(_hosts(host, model.ssh, topologies, lines, source=source, path=("spares", i)))
+        spares.extend(_hosts(host, model.ssh, topologies, where, ("spares", i)))
     names = [h.name for h in hosts]
-    _guard(lambda: check_unique(names), lines, source, ("hosts",))
-    _guard(lambda: check_unique(names + [h.name for h in spares]), lines, source, ("spares",))
+    where.guard(lambda: check_unique(names), ("hosts",))
+    where.guard(lambda: check_unique(names + [h.name for h in spares]), ("spares",))
     return ClusterSpec(
         name=model.name,
         hosts=tuple(hosts),
-        source=source,
+        source=where.source,
         simulated=model.simulated,
         workdir=model.workdir,
         env=dict(model.env),
-        defaults=Defaults(**_defaults(model.defaults, lines, source)),
+        defaults=Defaults(**_defaults(model.defaults, where)),
         spares=tuple(spares),
         provider=ProviderSpec(**model.provider) if model.provider is not _ABSENT else None,
         setup=model.setup,
         known_hosts=_expand(model.ssh.known_hosts),
         ssh_config=_expand(model.ssh.ssh_config),
         ssh_client=model.ssh.client,
-        network=_guard(lambda: _network(model.network), lines, source, ("network",)),
+        network=where.guard(lambda: _network(model.network), ("network",)),
     )
 
 
-def _defaults(d: Record, lines: dict[tuple[Any, ...], int], source: str) -> dict[str, Any]:
+def _defaults(d: Record, where: _Where) -> dict[str, Any]:
     """``defaults:`` by key: a duration in seconds (a number, or text as on the command line:
     ``90s``, ``45m``, ``2h``; 0 only where its entry allows it), a list of words as a tuple."""
     found = {}
     for key, f in SPEC_DEFAULTS.items():
         value = getattr(d, key)
         if f.duration:
-            check = functools.partial(_seconds, value, f.least == 0)
-            value = _guard(check, lines, source, ("defaults", key))
+            value = where.guard(functools.partial(_seconds, value, f.least == 0), ("defaults", key))
         found[key] = tuple(value) if f.words else value
     return found
 
@@ -284,44 +299,24 @@ def _expand(path: str | None) -> str | None:
     return os.path.expanduser(path) if path else None
 
 
-def _guard(
-    check: Any, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
-) -> Any:
-    try:
-        return check()
-    except SpecError:
-        raise
-    except UsageError as exc:
-        raise SpecError(str(exc), source, _line_of(lines, path), _key(path)) from None
-
-
-def _key(path: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in path)
-
-
-def _topology(
-    model: Record, lines: dict[tuple[Any, ...], int], source: str, path: tuple[Any, ...]
-) -> Topology:
+def _topology(model: Record, where: _Where, path: tuple[Any, ...]) -> Topology:
     nodes = []
     for i, numa in enumerate(model.numa_nodes):
-        where = (*path, "numa_nodes", i, "cpus")
         cpus = (
-            _guard(lambda c=numa.cpus: parse_cpulist(c), lines, source, where)
+            where.guard(lambda c=numa.cpus: parse_cpulist(c), (*path, "numa_nodes", i, "cpus"))
             if isinstance(numa.cpus, str)
             else tuple(sorted(set(numa.cpus)))
         )
         nodes.append(NumaNode(numa.id if numa.id is not None else i, cpus, tuple(numa.devices)))
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
-        raise SpecError("NUMA node ids repeat", source, _line_of(lines, path), _key(path))
+        raise where.fault("NUMA node ids repeat", path)
     devices = [d for n in nodes for d in n.devices]
     if len(set(devices)) != len(devices):
-        raise SpecError(
-            "a device is attached to two NUMA nodes", source, _line_of(lines, path), _key(path)
-        )
+        raise where.fault("a device is attached to two NUMA nodes", path)
     if model.device_env is not None:
-        where = (*path, "device_env")
-        _guard(lambda: check_env_name(model.device_env, "device_env"), lines, source, where)
+        check_device_env = functools.partial(check_env_name, model.device_env, "device_env")
+        where.guard(check_device_env, (*path, "device_env"))
     return Topology(tuple(nodes), device_env=model.device_env)
 
 
@@ -329,26 +324,18 @@ def _hosts(
     host: Record,
     ssh: Record,
     topologies: dict[str, Topology],
-    lines: dict[tuple[Any, ...], int],
-    *,
-    source: str,
+    where: _Where,
     path: tuple[Any, ...],
 ) -> list[HostSpec]:
-    names = _guard(lambda: expand_names(host.name), lines, source, (*path, "name"))
+    names = where.guard(lambda: expand_names(host.name), (*path, "name"))
     addresses: list[str | None] = [None] * len(names)
     if host.address is not None:
-        addrs = _guard(
-            lambda: expand_names(host.address or "", "address"), lines, source, (*path, "address")
-        )
+        at = (*path, "address")
+        addrs = where.guard(lambda: expand_names(host.address or "", "address"), at)
         if len(addrs) != len(names):
-            raise SpecError(
-                f"{len(names)} host name(s) but {len(addrs)} address(es)",
-                source,
-                _line_of(lines, (*path, "address")),
-                _key((*path, "address")),
-            )
+            raise where.fault(f"{len(names)} host name(s) but {len(addrs)} address(es)", at)
         addresses = list(addrs)
-    topo = _host_topology(host, topologies, lines, source, path)
+    topo = _host_topology(host, topologies, where, path)
     return [
         HostSpec(
             name=name,
@@ -364,25 +351,17 @@ def _hosts(
 
 
 def _host_topology(
-    host: Record,
-    topologies: dict[str, Topology],
-    lines: dict[tuple[Any, ...], int],
-    source: str,
-    path: tuple[Any, ...],
+    host: Record, topologies: dict[str, Topology], where: _Where, path: tuple[Any, ...]
 ) -> Topology | None:
     if host.topology is None:
         return None
     if isinstance(host.topology, str):
         if host.topology not in topologies:
             known = ", ".join(sorted(topologies)) or "none defined"
-            raise SpecError(
-                f"unknown topology {host.topology!r} (known: {known})",
-                source,
-                _line_of(lines, (*path, "topology")),
-                _key((*path, "topology")),
-            )
+            message = f"unknown topology {host.topology!r} (known: {known})"
+            raise where.fault(message, (*path, "topology"))
         return topologies[host.topology]
-    return _topology(host.topology, lines, source, (*path, "topology"))
+    return _topology(host.topology, where, (*path, "topology"))
 
 
 def target_cluster(hosts: str | None, cluster: str | None) -> ClusterSpec:
