@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,9 +54,11 @@ def cycle(
     if not (keys.up or keys.down):
         yield opts
         return
+    from poprun_py.cli.provision_cmd import confirmed_provider
+
     spec = checked(opts, keys, mode, dry_run)
     assert opts.cluster is not None
-    provider = _confirmed(spec, keys.yes)
+    provider = confirmed_provider(spec, keys.yes)
     try:
         inventory = bring_up(spec, opts, provider)
         yield replace(opts, cluster=str(inventory))
@@ -100,53 +101,24 @@ def checked(opts: LaunchOptions, keys: OneKey, mode: str, dry_run: bool) -> Clus
     return spec
 
 
-def _confirmed(spec: ClusterSpec, yes: bool) -> Provider:
-    """The spec's provider, once a cost it announces is confirmed (``--yes`` or a terminal)."""
-    from poprun_py.cli.provision_cmd import confirm_cost
-    from poprun_py.providers.lifecycle import provider_for
-
-    provider = provider_for(spec)
-    notice = provider.cost_notice(spec)
-    if notice:
-        confirm_cost(notice, yes)
-    return provider
-
-
 def bring_up(spec: ClusterSpec, opts: LaunchOptions, provider: Provider) -> Path:
     """``poprun-py up`` for the spec, with the launch's SSH flags; the inventory's path.
     Ctrl-C, SIGTERM and SIGHUP interrupt it (KeyboardInterrupt), so ``--down`` still runs."""
-    from poprun_py.cli.provision_cmd import RichReporter, report_up
+    from poprun_py.cli.provision_cmd import cluster_up
     from poprun_py.process.signals import interrupting
-    from poprun_py.providers.lifecycle import up
 
-    started = time.monotonic()
-    with interrupting(), RichReporter() as reporter:
-        result = up(
-            spec,
-            reporter=reporter,
-            provider=provider,
-            accept_new_host_keys=opts.accept_new_host_keys,
-            ssh=replace(opts.ssh, accept_new_host_keys=False),
-        )
-    report_up(spec, result, started)
+    with interrupting():
+        ssh = replace(opts.ssh, accept_new_host_keys=False)
+        result = cluster_up(spec, provider, accept_new_host_keys=opts.accept_new_host_keys, ssh=ssh)
     return result.inventory
 
 
 def take_down(spec: ClusterSpec, opts: LaunchOptions) -> None:
     """``poprun-py down`` for the spec (no signal cuts it short), with the launch's SSH flags."""
-    from poprun_py.cli.provision_cmd import RichReporter, report_down
-    from poprun_py.providers.lifecycle import down
+    from poprun_py.cli.provision_cmd import cluster_down
 
-    started = time.monotonic()
-    with RichReporter() as reporter:
-        result = down(
-            spec,
-            reporter=reporter,
-            accept_new_host_keys=opts.accept_new_host_keys,
-            ssh=replace(opts.ssh, accept_new_host_keys=False),
-            hold_signals=True,
-        )
-    report_down(spec, result, started)
+    ssh = replace(opts.ssh, accept_new_host_keys=False)
+    cluster_down(spec, accept_new_host_keys=opts.accept_new_host_keys, ssh=ssh, hold_signals=True)
 
 
 def _end(spec: ClusterSpec, opts: LaunchOptions, down: bool, failed: bool) -> None:

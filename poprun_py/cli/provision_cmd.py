@@ -28,7 +28,8 @@ from poprun_py.errors import UsageError
 
 if TYPE_CHECKING:
     from poprun_py.core.spec import ClusterSpec
-    from poprun_py.providers.lifecycle import ClusterStatus, DownResult, UpResult
+    from poprun_py.providers.base import Provider
+    from poprun_py.providers.lifecycle import ClusterStatus, UpResult
 
 
 class RichReporter:
@@ -93,6 +94,48 @@ def confirm_cost(notice: str, yes: bool) -> None:
         raise UsageError("not confirmed: nothing was created")
 
 
+def confirmed_provider(spec: ClusterSpec, yes: bool) -> Provider:
+    """The spec's provider, once a cost it announces is confirmed (``--yes`` or a terminal)."""
+    from poprun_py.providers.lifecycle import provider_for
+
+    provider = provider_for(spec)
+    notice = provider.cost_notice(spec)
+    if notice:
+        confirm_cost(notice, yes)
+    return provider
+
+
+def cluster_up(spec: ClusterSpec, provider: Provider, **options: Any) -> UpResult:
+    """``up`` with its progress shown, then one line on stderr: the cluster is up, how many
+    nodes, how long, where setup ran."""
+    from poprun_py.providers.lifecycle import up
+
+    started = time.monotonic()
+    with RichReporter() as reporter:
+        result = up(spec, reporter=reporter, provider=provider, **options)
+    ran = sum(o.ran for o in result.setup)
+    setup = f"; setup ran on {ran}, unchanged on {len(result.setup) - ran}" if result.setup else ""
+    sys.stderr.write(
+        f"poprun-py: cluster {spec.name} is up: {len(result.record.nodes)} node(s) "
+        f"({result.record.provider}) in {time.monotonic() - started:.1f}s{setup}\n"
+    )
+    return result
+
+
+def cluster_down(spec: ClusterSpec, **options: Any) -> None:
+    """``down`` with its progress shown, then one line on stderr: the cluster is down, how
+    long it took, what was removed."""
+    from poprun_py.providers.lifecycle import down
+
+    started = time.monotonic()
+    with RichReporter() as reporter:
+        result = down(spec, reporter=reporter, **options)
+    what = ", ".join(f"{r.kind} {r.id}" for r in result.removed) or "nothing to remove"
+    sys.stderr.write(
+        f"poprun-py: cluster {spec.name} is down in {time.monotonic() - started:.1f}s: {what}\n"
+    )
+
+
 @app.command("up", epilog=epilog("up"))
 @o.takes("up")
 def up_command(
@@ -103,35 +146,10 @@ def up_command(
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Create the cluster's nodes, wait for SSH, run its setup script, write the inventory."""
-    from poprun_py.providers.lifecycle import provider_for, up
-
     spec = _load(cluster)
-    provider = provider_for(spec)
-    notice = provider.cost_notice(spec)
-    if notice:
-        confirm_cost(notice, yes)
-    started = time.monotonic()
-    with RichReporter() as reporter:
-        result = up(
-            spec,
-            reporter=reporter,
-            provider=provider,
-            wait_timeout=wait_timeout,
-            accept_new_host_keys=accept_new_host_keys,
-            ssh=ssh,
-        )
-    report_up(spec, result, started)
+    options = {"accept_new_host_keys": accept_new_host_keys, "ssh": ssh}
+    result = cluster_up(spec, confirmed_provider(spec, yes), wait_timeout=wait_timeout, **options)
     sys.stdout.write(f"{result.inventory}\n")
-
-
-def report_up(spec: ClusterSpec, result: UpResult, started: float) -> None:
-    """One line on stderr: the cluster is up, how many nodes, how long, where setup ran."""
-    ran = sum(o.ran for o in result.setup)
-    setup = f"; setup ran on {ran}, unchanged on {len(result.setup) - ran}" if result.setup else ""
-    sys.stderr.write(
-        f"poprun-py: cluster {spec.name} is up: {len(result.record.nodes)} node(s) "
-        f"({result.record.provider}) in {time.monotonic() - started:.1f}s{setup}\n"
-    )
 
 
 @app.command("down", epilog=epilog("down"))
@@ -142,21 +160,7 @@ def down_command(
     ssh: o.Ssh = o.SSH_HERE,
 ) -> None:
     """Remove everything poprun-py created for the cluster (harmless when nothing exists)."""
-    from poprun_py.providers.lifecycle import down
-
-    spec = _spec_or_name(cluster)
-    started = time.monotonic()
-    with RichReporter() as reporter:
-        result = down(spec, reporter=reporter, accept_new_host_keys=accept_new_host_keys, ssh=ssh)
-    report_down(spec, result, started)
-
-
-def report_down(spec: ClusterSpec, result: DownResult, started: float) -> None:
-    """One line on stderr: the cluster is down, how long it took, what was removed."""
-    what = ", ".join(f"{r.kind} {r.id}" for r in result.removed) or "nothing to remove"
-    sys.stderr.write(
-        f"poprun-py: cluster {spec.name} is down in {time.monotonic() - started:.1f}s: {what}\n"
-    )
+    cluster_down(_spec_or_name(cluster), accept_new_host_keys=accept_new_host_keys, ssh=ssh)
 
 
 def _spec_or_name(cluster: str) -> ClusterSpec:
