@@ -249,10 +249,12 @@ class Coordinator:
             text += f" ({len(self.refused)} connection(s) refused; last: {self.refused[-1]})"
         return text
 
-    def finish(self, code: int, wait: float = FINISH_WAIT, lost: Sequence[str] = ()) -> None:
-        """Tell every node that joined to exit with ``code`` (each dials again once its agent
-        has ended: up to ``wait`` seconds for all; the nodes of ``lost`` hosts only if they
-        wait already), then close."""
+    def finish(
+        self, code: int, wait: float = FINISH_WAIT, lost: Sequence[str] = (), reason: str = ""
+    ) -> None:
+        """Tell every node that joined to exit with ``code``, and why (``reason``: the root
+        cause; each dials again once its agent has ended: up to ``wait`` seconds for all; the
+        nodes of ``lost`` hosts only if they wait already), then close."""
         deadline = time.monotonic() + wait
         for rank in sorted(self.seen):
             gone = self.hosts[rank] in lost
@@ -261,7 +263,7 @@ class Coordinator:
             except TransportError:
                 continue
             with contextlib.suppress(OSError):
-                wire.send_line(sock, wire.order("done", code))
+                wire.send_line(sock, wire.order("done", [code, reason]))
             sock.close()
         self.close()
 

@@ -73,9 +73,10 @@ class JobFailed(PoprunError):
     """The job ended with a failure (node 0's launcher reports it): this node exits with its
     code."""
 
-    def __init__(self, code: int):
+    def __init__(self, code: int, reason: str = ""):
         self.exit_code = code
-        super().__init__(f"the job failed (exit {code}): node 0's launcher says why")
+        why = f": {reason}" if reason else ""
+        super().__init__(f"the job failed (exit {code}): node 0's launcher says why{why}")
 
 
 def dial(
@@ -199,8 +200,8 @@ def node_loop(
     liveness: float,
     *,
     joined: Callable[[], None] | None = None,
-) -> int:
-    """Dial, take orders, run agents, until ``done RC``: RC. CoordinatorUnreachable when no
+) -> wire.Done:
+    """Dial, take orders, run agents, until ``done``: the job's end. CoordinatorUnreachable when no
     coordinator answers within ``join_timeout`` (later: within :data:`RECONNECT`) or it goes
     away while this node waits; WireError when it refuses this node. ``joined``: called once,
     when the coordinator first accepted this node (a detached node's launcher returns then)."""
@@ -222,7 +223,7 @@ def node_loop(
             sock.close()
             if kind == "no":
                 raise wire.Refused(f"node {node.rank}: the coordinator refused it: {value}")
-            return int(value)
+            return wire.Done.of(value)
         relay([str(word) for word in value], sock, lines.rest)
         within = min(join_timeout, RECONNECT)
         deadline = wire.deadline_in(within)
@@ -290,9 +291,9 @@ def per_node(
     if not node.is_coordinator:
         with interrupting(), _forwarded_signals_kept(node.rank):
             live = prep.host_timeout
-            code = node_loop(node, secret, digest, join_timeout, live, joined=joined)
-        if code:
-            raise JobFailed(code)
+            done = node_loop(node, secret, digest, join_timeout, live, joined=joined)
+        if done.code:
+            raise JobFailed(done.code, done.reason)
         return
     _coordinate(prep, node, secret, digest=digest, join_timeout=join_timeout, launch=launch)
 
@@ -314,19 +315,19 @@ def _coordinate(
         args = (here, secret, digest, join_timeout, prep.host_timeout)
         own = threading.Thread(target=_own_node, args=args, daemon=True, name="poprun-node-0")
         own.start()
-        code, lost = EXIT_FAILURE, ()
+        code, lost, reason = EXIT_FAILURE, (), "node 0's launcher failed"
         try:
             launch(replace(prep, backend="ssh"), PerNodeBackend(coordinator))
-            code = 0
+            code, reason = 0, ""
         except PoprunError as exc:
-            code = exc.exit_code
+            code, reason = exc.exit_code, str(exc)
             lost = getattr(getattr(exc, "result", None), "lost_hosts", ())
             raise
         except KeyboardInterrupt:
-            code = EXIT_INTERRUPTED
+            code, reason = EXIT_INTERRUPTED, "interrupted"
             raise
-        finally:
-            coordinator.finish(code, lost=lost)  # a lost node's launcher is not waited for
+        finally:  # a lost node's launcher is not waited for
+            coordinator.finish(code, lost=lost, reason=reason)
             own.join(wire.HANDSHAKE_TIMEOUT)
 
 

@@ -13,8 +13,8 @@ travels (nor is it in any argv). The node speaks first::
 HELLO is ``{"rank": K, "digest": PLAN_DIGEST}``. Fresh nonces on both sides: a recorded
 exchange proves nothing on a later connection. Then the coordinator sends one order: ``start
 ARGV`` (JSON; the socket becomes the agent's stdin and stdout, relayed by the node), ``done
-RC`` (the job is over: exit with RC) or ``no REASON``; ``h`` lines (heartbeats) come while
-the node waits.
+[RC, REASON]`` (the job is over: exit with RC; :class:`Done`) or ``no REASON``; ``h`` lines
+(heartbeats) come while the node waits.
 
 Example (a node and a coordinator over a socket pair)::
 
@@ -176,6 +176,26 @@ def _hello(body: bytes) -> Hello:
     if not isinstance(rank, int) or not isinstance(digest, str):
         raise Refused("a garbled hello")
     return Hello(rank, digest)
+
+
+@dataclass(frozen=True)
+class Done:
+    """The job's end as the coordinator tells a node: its exit code, and why (the root cause
+    node 0's launcher names; empty when it succeeded)."""
+
+    code: int
+    reason: str = ""
+
+    @classmethod
+    def of(cls, value: Any) -> Done:
+        """A ``done`` order's value: ``RC`` or ``[RC, REASON]``; WireError for anything else."""
+        if isinstance(value, list) and len(value) == 2:
+            code, reason = value
+            if isinstance(code, int) and isinstance(reason, str):
+                return cls(code, reason)
+        if isinstance(value, int):
+            return cls(value)
+        raise WireError(f"a done order poprun-py does not know: {value!r:.40}")
 
 
 def order(kind: str, value: Any) -> bytes:

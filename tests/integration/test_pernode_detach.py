@@ -8,7 +8,7 @@ Covered: a job that runs to completion (``wait`` on every node gives its exit co
 ``logs`` every instance's output), ``stop`` on node 0 (every node's instances stopped, every
 supervisor gone, nothing left in any namespace), ``stop`` on another node (its part stopped,
 node 0 finds it lost), and a failing instance on one node (named as the root cause by node 0's
-``wait`` and ``jobs``; the other nodes' parts end with its code).
+``wait`` and ``jobs``; the other nodes' parts end with its code, and name it too).
 """
 
 from __future__ import annotations
@@ -197,8 +197,9 @@ def test_a_failing_instance_on_one_node_is_the_root_cause(pods: DetachedPods) ->
     ), done.stderr
     record = pods.job(0, ids[0])
     assert record["exit_code"] == 7 and f"instance 2 on {bad}" in str(record["reason"]), record
-    for rank in (1, 2):  # the other nodes' parts end with the job's code
-        assert pods.run(rank, "wait", ids[rank]).returncode == 7
+    for rank in (1, 2):  # the other nodes' parts end with the job's code and its root cause
+        part = pods.run(rank, "wait", ids[rank])
+        assert part.returncode == 7 and f"instance 2 on {bad} exited" in part.stderr, part.stderr
     assert [pids_of(h, mark) for h in pods.cluster.hosts] == [[], [], []]
 
 

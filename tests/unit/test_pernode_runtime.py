@@ -234,7 +234,7 @@ def test_a_rank_outside_the_job_is_refused() -> None:
         assert "node 5: rank 5" in coordinator.refused[-1]
 
 
-def per_node_loop(node: NodeIdentity) -> int:
+def per_node_loop(node: NodeIdentity) -> object:
     from poprun_py.pernode.node import node_loop
 
     return node_loop(node, SECRET, "d", 2.0, 5.0)
