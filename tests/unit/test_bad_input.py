@@ -118,7 +118,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "unknown-backend",
         ["-H", "localhost", "-b", "pbs"],
-        "unknown backend 'pbs'; choose one of: local, mpiexec, mpirun, slurm, ssh",
+        "unknown backend 'pbs'; choose one of: k8s, local, mpiexec, mpirun, slurm, ssh",
     ),
     ("bad-format", ["-H", "localhost", "-f", "yaml"], "--format must be table or json"),
     ("bad-cidr", ["-H", "h1,h2", "--network", "10.0.0/33"], "bad --network '10.0.0/33'"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -344,9 +346,44 @@ def test_a_missing_file_a_directory_a_fifo(tmp_path: Path) -> None:
     assert "(POPRUN_SECRET_FILE) is not a regular file" in fault(read_secret, None, env)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_an_unreadable_file(tmp_path: Path) -> None:
-    assert "cannot read secret file" in fault(read_secret, _secret_file(tmp_path, SECRET, 0), {})
+    if os.geteuid() != 0:
+        unreadable = _secret_file(tmp_path, SECRET, 0)
+        assert "cannot read secret file" in fault(read_secret, unreadable, {})
+        return
+    # root reads any file: read it as nobody, from a folder nobody may enter but not list
+    folder = Path(tempfile.mkdtemp(prefix="poprun-secret-"))
+    try:
+        folder.chmod(0o711)
+        assert "cannot read secret file" in _as_nobody(_secret_file(folder, SECRET, 0))
+    finally:
+        shutil.rmtree(folder)
+
+
+def _as_nobody(path: str) -> str:
+    """The one line read_secret(path) refuses with, in a child that runs as nobody."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, report the fault's line, never return
+        message = "no fault"
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            read_secret(path, {})
+        except UsageError as exc:
+            message = str(exc)
+        except BaseException as exc:  # anything else fails the test
+            message = f"unexpected: {exc!r}"
+        finally:
+            os.write(write_end, message.encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        message = reader.read().decode()
+    os.waitpid(pid, 0)
+    assert message.startswith("per-node: "), message
+    return message
 
 
 def test_a_huge_file_is_no_secret(tmp_path: Path) -> None:
