@@ -161,19 +161,24 @@ def stop_sshd(host: TestHost) -> None:
         pass
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[TestCluster]:
-    """Three hosts for the module, their sshd stopped."""
+def sshless_cluster(prefix: str) -> Iterator[TestCluster]:
+    """Three hosts, their sshd stopped (nodes as pods: no SSH anywhere); destroyed at the end."""
     from tests.hostfixtures import _Clusters
 
     clusters = _Clusters()
     try:
-        made = clusters.make(3, "pn")
+        made = clusters.make(3, prefix)
         for host in made.hosts:
             stop_sshd(host)
         yield made
     finally:
         clusters.destroy_all()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[TestCluster]:
+    """Three hosts for the module, their sshd stopped."""
+    yield from sshless_cluster("pn")
 
 
 @pytest.fixture

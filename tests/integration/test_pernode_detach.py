@@ -26,7 +26,7 @@ import pytest
 
 from poprun_py.providers.netns import TestCluster, host_pids
 from tests.integration.helpers import unique_sleep
-from tests.integration.test_pernode import NAME_HOST, PY, REPO, Node, Pods, pids_of, stop_sshd
+from tests.integration.test_pernode import NAME_HOST, PY, REPO, Node, Pods, pids_of, sshless_cluster
 
 pytestmark = pytest.mark.hosts
 
@@ -105,16 +105,7 @@ def with_pid(pid: int, sig: int) -> None:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[TestCluster]:
     """Three hosts for the module, their sshd stopped."""
-    from tests.hostfixtures import _Clusters
-
-    clusters = _Clusters()
-    try:
-        made = clusters.make(3, "pd")
-        for host in made.hosts:
-            stop_sshd(host)
-        yield made
-    finally:
-        clusters.destroy_all()
+    yield from sshless_cluster("pd")
 
 
 @pytest.fixture
