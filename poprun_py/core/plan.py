@@ -120,52 +120,23 @@ def make_plan(
     if not hosts:
         raise PlanError("no hosts to run on")
     instances, source = _num_instances(cluster, job)
-    replicas = job.replicas
-    _check_sizes(replicas, instances, job)
+    _check_sizes(job.replicas, instances, job)
     counts = host_counts(cluster, instances, source)
-    per_instance = replicas // instances
     host_plans, notes = _host_plans(
         hosts, counts, default_topology, default_topology_source, discovered or {}
     )
+    per_instance = job.replicas // instances
     shards = _shards(inputs, instances, job.eval_pad)
-    plans = []
-    for hp in host_plans:
-        count = len(hp.instances)
-        bindings = _bind(hp, count, per_instance, job)
-        for local, (nodes, cpus, devices) in enumerate(bindings):
-            index = hp.instances[local]
-            offset = index * per_instance
-            plans.append(
-                InstancePlan(
-                    index,
-                    hp.name,
-                    hp.index,
-                    local,
-                    count,
-                    offset,
-                    per_instance,
-                    nodes,
-                    cpus,
-                    devices,
-                    _groups(offset, per_instance, job.group_size),
-                    shards[index],
-                )
-            )
+    plans = _instance_plans(host_plans, per_instance, job, shards)
     host_replicas = [c * per_instance for c in counts]
     crosses = _groups_cross(job.group_size, host_replicas)
-    if crosses:
-        notes.append(_cross_note(job.group_size or 1, host_replicas, host_plans))
-    notes += _slots_note(host_plans)
-    if not job.numa_aware:
-        notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
-    notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
-    found = {h.name: interfaces[h.name] for h in hosts if interfaces and h.name in interfaces}
-    notes += _placement_notes(host_plans)
+    notes += _plan_notes(job, host_plans, plans, host_replicas if crosses else None)
     notes += uneven_shards(shards) if inputs is not None and inputs.paths else []
+    found = {h.name: interfaces[h.name] for h in hosts if interfaces and h.name in interfaces}
     return LaunchPlan(
         cluster=cluster,
         program=job.program,
-        num_replicas=replicas,
+        num_replicas=job.replicas,
         num_instances=instances,
         devices_per_replica=job.devices_per_replica,
         numa_aware=job.numa_aware,
@@ -185,6 +156,55 @@ def make_plan(
         device_env=job.device_env,
         nic_affinity=job.nic_affinity,
     )
+
+
+def _instance_plans(
+    host_plans: Sequence[HostPlan], per_instance: int, job: JobSpec, shards: Sequence[Shard]
+) -> list[InstancePlan]:
+    """Every instance, host by host: its binding, replicas, groups and shard."""
+    plans = []
+    for hp in host_plans:
+        count = len(hp.instances)
+        for local, (nodes, cpus, devices) in enumerate(_bind(hp, count, per_instance, job)):
+            index = hp.instances[local]
+            offset = index * per_instance
+            groups = _groups(offset, per_instance, job.group_size)
+            plans.append(
+                InstancePlan(
+                    index,
+                    hp.name,
+                    hp.index,
+                    local,
+                    count,
+                    offset,
+                    per_instance,
+                    nodes,
+                    cpus,
+                    devices,
+                    groups,
+                    shards[index],
+                )
+            )
+    return plans
+
+
+def _plan_notes(
+    job: JobSpec,
+    host_plans: Sequence[HostPlan],
+    plans: Sequence[InstancePlan],
+    crossing: Sequence[int] | None,
+) -> list[str]:
+    """The plan's notes after the hosts' own, in order: replica groups that cross hosts (given
+    as the hosts' replica counts), slots, NUMA binding, device placement."""
+    notes = []
+    if crossing is not None:
+        notes.append(_cross_note(job.group_size or 1, crossing, host_plans))
+    notes += _slots_note(host_plans)
+    if not job.numa_aware:
+        notes.append("NUMA binding is off (--no-numa-aware): instances are not bound")
+    notes += _unbound_notes(host_plans, plans) if job.numa_aware else []
+    notes += _placement_notes(host_plans)
+    return notes
 
 
 def _master_addr(cluster: ClusterSpec, interfaces: Mapping[str, tuple[str, str]]) -> str:

@@ -107,27 +107,13 @@ def resolve_settings(
         raise UsageError("aws: no region: set provider.region in the spec (or AWS_REGION)")
     endpoint = p.endpoint_url or env.get(ENDPOINT_ENV) or None
     if for_down:
-        return AwsSettings(
-            spec.name,
-            owner,
-            region,
-            p.num_nodes or 0,
-            p.instance_type or "?",
-            p.image or "?",
-            p.ssh_cidr or "",
-            placement_group=p.placement_group,
-            endpoint_url=endpoint,
-        )
-    missing = [k for k in ("instance_type", "image", "ssh_cidr") if not getattr(p, k)]
-    if missing:
-        raise UsageError(f"aws: provider.{missing[0]} is required (see `poprun-py up --help`)")
-    if not p.num_nodes:
-        raise UsageError("aws: provider.num_nodes is required")
+        return _down_settings(spec.name, owner, region, p, endpoint)
+    num_nodes = _required(p)
     return AwsSettings(
         cluster=spec.name,
         owner=owner,
         region=region,
-        num_nodes=p.num_nodes,
+        num_nodes=num_nodes,
         instance_type=str(p.instance_type),
         image=str(p.image),
         ssh_cidr=_cidr(str(p.ssh_cidr)),
@@ -138,6 +124,34 @@ def resolve_settings(
         placement_group=p.placement_group,
         endpoint_url=endpoint,
     )
+
+
+def _down_settings(
+    cluster: str, owner: str, region: str, p: ProviderSpec, endpoint: str | None
+) -> AwsSettings:
+    """The settings ``down`` works with: only the region is required (the rest as given)."""
+    return AwsSettings(
+        cluster,
+        owner,
+        region,
+        p.num_nodes or 0,
+        p.instance_type or "?",
+        p.image or "?",
+        p.ssh_cidr or "",
+        placement_group=p.placement_group,
+        endpoint_url=endpoint,
+    )
+
+
+def _required(p: ProviderSpec) -> int:
+    """The number of nodes, once the keys ``up`` needs are all there; else UsageError naming
+    the first that the provider block lacks."""
+    missing = [k for k in ("instance_type", "image", "ssh_cidr") if not getattr(p, k)]
+    if missing:
+        raise UsageError(f"aws: provider.{missing[0]} is required (see `poprun-py up --help`)")
+    if not p.num_nodes:
+        raise UsageError("aws: provider.num_nodes is required")
+    return p.num_nodes
 
 
 def _cidr(text: str) -> str:

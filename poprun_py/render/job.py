@@ -271,14 +271,32 @@ def render_job(
     job_dir = _normalize_dir(job_dir)
     hosts = _host_contexts(plan)
     checkpoint = forward_signals[0] if forward_signals else instance_env.CHECKPOINT_SIGNAL
-    attempt = (restart_count, checkpoint)
-    contexts, envs = _instance_contexts(plan, hosts, job_dir, available or {}, attempt)
+    contexts, envs = _instance_contexts(
+        plan, hosts, job_dir, available or {}, (restart_count, checkpoint)
+    )
     base = _base_context(plan, backend, job_dir, hosts)
     base.update(traps=_traps(forward_signals))
     base.update(mpi_args=tuple(mpi_args), mpi_subnet=mpi_subnet, as_root=as_root)
     base.update(mpi_network=mpi_network)
     argvs = _render_instances(jenv, base, contexts)
-    commands = tuple(
+    commands = _commands(contexts, argvs, envs)
+    secrets = instance_env.secret_names(plan.env)
+    template = LAUNCHER_TEMPLATES[backend]
+    if template is None:
+        return RenderedJob(backend, plan, job_dir, commands, secrets=secrets)
+    launch = _Launch(plan, contexts, argvs, envs, secrets)
+    launcher, launcher_env, files = _render_launcher(jenv, template, base, launch, argv_limit)
+    return RenderedJob(backend, plan, job_dir, commands, launcher, launcher_env, files, secrets)
+
+
+def _commands(
+    contexts: Sequence[InstanceContext],
+    argvs: Sequence[tuple[str, ...]],
+    envs: Sequence[Mapping[str, str]],
+) -> tuple[InstanceCommand, ...]:
+    """Each instance's command: its rendered argv and environment, working directory, shard
+    file and text, and the binding its backend applies (none when the argv binds itself)."""
+    return tuple(
         InstanceCommand(
             c.index,
             c.host.name,
@@ -291,13 +309,6 @@ def render_job(
         )
         for c, argv, env in zip(contexts, argvs, envs, strict=True)
     )
-    secrets = instance_env.secret_names(plan.env)
-    template = LAUNCHER_TEMPLATES[backend]
-    if template is None:
-        return RenderedJob(backend, plan, job_dir, commands, secrets=secrets)
-    launch = _Launch(plan, contexts, argvs, envs, secrets)
-    launcher, launcher_env, files = _render_launcher(jenv, template, base, launch, argv_limit)
-    return RenderedJob(backend, plan, job_dir, commands, launcher, launcher_env, files, secrets)
 
 
 def _normalize_dir(path: str) -> str:
