@@ -60,7 +60,6 @@ def _command(mode: str) -> Callable[..., None]:
         if only is not None and only < 0:
             raise UsageError("--only-output-from-instance must be 0 or more")
         one_key = onekey.OneKey(given["up"], given["down"], given["yes"], given["detach"])
-        _per_node_refuses(opts, check=given["check"])
         _only_rendered(mode, opts.backend)
         with onekey.cycle(opts, one_key, mode, dry_run) as opts:
             prep = prepare(opts)
@@ -75,20 +74,12 @@ def _command(mode: str) -> Callable[..., None]:
                 batch = functools.partial(option_model.batch_argv, values)
                 _show_rendered(prep, fmt, output_dir, mode == "launch", batch=batch, values=values)
                 return
-            swaps: list[str] = []
-            choices = None  # a detached job's supervisor makes the same swaps (check.replay)
+            checked = None
             if mode == "check" or given["check"]:
-                stream = sys.stdout if mode == "check" else sys.stderr
-                timeout, torch = given["check_timeout"], given["check_torch"]
-                if mode == "launch" and prep.long_run.spares:
-                    swapped = _check_and_swap(prep, timeout, torch)
-                    prep, choices = swapped.prep, swapped.choices()
-                    if not one_key.detach:
-                        swaps = swapped.keep(output_dir)
-                else:
-                    _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
-                if mode == "check":
-                    return
+                checked = _check_first(mode, prep, given, one_key, fmt)
+            if mode == "check":
+                return
+            prep, swaps, choices, checking = checked or (prep, [], None, None)
             if given["print_topology"]:
                 show_plan(prep.plan, "table")
             sync = given["sync"] or one_key.up
@@ -98,7 +89,9 @@ def _command(mode: str) -> Callable[..., None]:
                 _detach(prep, fmt, output_dir, sync, down, cli=cli, check=choices)
                 return
             keep = given["keep_job_dir"]
-            _launch(prep, output_dir, only, sync, keep=keep, before=swaps, fmt=fmt)
+            _launch(
+                prep, output_dir, only, sync, keep=keep, before=swaps, fmt=fmt, pre_check=checking
+            )
 
     command.__name__ = mode
     command.__doc__ = {
@@ -141,11 +134,43 @@ def _per_node_wanted(opts: LaunchOptions) -> bool:
     return wanted(opts.node_rank, opts.nnodes, opts.coordinator, opts.per_node)
 
 
-def _per_node_refuses(opts: LaunchOptions, *, check: bool) -> None:
-    """UsageError (exit 2, one line) for what per-node mode cannot do alongside it: ``launch
-    --check`` (``check`` itself takes the per-node options)."""
-    if check and _per_node_wanted(opts):
-        raise UsageError("--check is not available in per-node mode (docs/per-node.md)")
+def _check_first(
+    mode: str, prep: Prepared, given: Mapping[str, Any], one_key: onekey.OneKey, fmt: str
+) -> "tuple[Prepared, list[str], Mapping[str, object] | None, tuple[float, bool] | None]":
+    """``check``, or ``launch --check`` before the job: the job to run (with spares: on the
+    hosts that passed), the swaps' lines, the choices a detached job's supervisor makes again
+    (:func:`~poprun_py.launch.check.replay`), and in per-node mode the check that node 0 runs
+    on the joined nodes before the job (:func:`_per_node_check`)."""
+    stream = sys.stdout if mode == "check" else sys.stderr
+    timeout, torch = given["check_timeout"], given["check_torch"]
+    if mode == "launch" and _per_node_wanted(prep.options):
+        sync = given["sync"] or one_key.up
+        return prep, [], None, _per_node_check(prep, timeout, torch, one_key.detach, sync)
+    if mode == "launch" and prep.long_run.spares:
+        swapped = _check_and_swap(prep, timeout, torch)
+        keep = [] if one_key.detach else swapped.keep(given["output_dir"])
+        return swapped.prep, keep, swapped.choices(), None
+    _check(prep, timeout, torch, stream, fmt if mode == "check" else "table")
+    return prep, [], None, None
+
+
+def _per_node_check(
+    prep: Prepared, timeout: float, torch: bool, detach: bool, sync: bool
+) -> tuple[float, bool] | None:
+    """``launch --check`` in per-node mode. What it cannot do is refused first, on every node
+    (exit 2: ``--sync``, spare hosts -- a failing check fails -- a bad identity or secret, a
+    timeout of 0). Attached: the check's settings, for :func:`_launch` to check the joined
+    nodes before the job, in the same round (one join). Detached: the check runs now, in a
+    round of its own (its table on stderr), and None; the supervisors join again."""
+    from poprun_py.pernode.node import checked_node
+
+    if timeout <= 0:
+        raise UsageError(f"--check-timeout must be more than 0, got {timeout}")
+    checked_node(prep, sync=sync)
+    if not detach:
+        return timeout, torch
+    _check(prep, timeout, torch, sys.stderr, "table")
+    return None
 
 
 def _check(
@@ -323,15 +348,19 @@ def _launch(
     before: "list[str] | None" = None,
     fmt: str = "table",
     backend: "Backend | None" = None,
+    pre_check: tuple[float, bool] | None = None,
 ) -> None:
     """Run the job; the summary: ``before`` (the check's swaps), then each attempt (``fmt``
     json: one JSON object, the last line on stdout, in place of the table). In per-node mode
-    (:mod:`poprun_py.pernode.node`), node 0 runs it on ``backend``, the joined nodes; the
-    other nodes serve node 0 and exit with the job's code."""
+    (:mod:`poprun_py.pernode.node`), node 0 runs it on ``backend``, the joined nodes -- after
+    the check (``pre_check``: its timeout and ``--check-torch``; its table on stderr, a failure
+    every node's exit 3) -- the other nodes serve node 0 and exit with the job's code."""
     if backend is None and _per_node_wanted(prep.options):
         from poprun_py.pernode.node import launch_per_node
 
         def run(p: Prepared, joined: "Backend") -> None:
+            if pre_check is not None:
+                _check(p, *pre_check, sys.stderr, "table", backend=joined)
             _launch(p, output_dir, only_from, False, on_running, keep=keep, fmt=fmt, backend=joined)
 
         launch_per_node(prep, run, sync=sync, on_running=on_running)

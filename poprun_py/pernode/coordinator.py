@@ -113,6 +113,7 @@ class Coordinator:
         self.differs: dict[int, str] = {}  # rank -> the digest it joined with
         self.refused: list[str] = []  # "ADDRESS: why", each logged
         self.seen: set[int] = set()
+        self.finished: set[int] = set()  # ranks told "done": a dial of theirs is not for this
         self.cond = threading.Condition()
         self.started = time.monotonic()
         self.closed = False
@@ -148,6 +149,9 @@ class Coordinator:
         lines = wire.Lines(sock)
         try:
             hello = wire.accept_node(sock, lines, self.secret, wire.HANDSHAKE_TIMEOUT)
+            if self._finished(hello.rank):  # no answer: its dial is a later round's, which
+                sock.close()  # it tries again until that listens (launch --check --detach)
+                return
             verdict = self._verdict(hello)
             if verdict is not None:  # logged before the node hears it
                 self._refuse(where, f"node {hello.rank}: {verdict}")
@@ -166,6 +170,11 @@ class Coordinator:
             self.cond.notify_all()
         if old is not None:  # the node dialled again (a restarted pod): the old line is dead
             old[0].close()
+
+    def _finished(self, rank: int) -> bool:
+        """Node ``rank`` was told ``done`` by this coordinator."""
+        with self.cond:
+            return rank in self.finished
 
     def _verdict(self, hello: wire.Hello) -> str | None:
         """Why node ``hello.rank`` may not join (None: it may)."""
@@ -262,6 +271,8 @@ class Coordinator:
                 sock, _ = self.take(rank, time.monotonic() if gone else deadline)
             except TransportError:
                 continue
+            with self.cond:
+                self.finished.add(rank)
             with contextlib.suppress(OSError):
                 wire.send_line(sock, wire.order("done", [code, reason]))
             sock.close()

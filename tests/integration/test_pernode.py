@@ -161,13 +161,14 @@ def stop_sshd(host: TestHost) -> None:
         pass
 
 
-def sshless_cluster(prefix: str) -> Iterator[TestCluster]:
-    """Three hosts, their sshd stopped (nodes as pods: no SSH anywhere); destroyed at the end."""
+def sshless_cluster(prefix: str, *, data_network: bool = False) -> Iterator[TestCluster]:
+    """Three hosts, their sshd stopped (nodes as pods: no SSH anywhere); destroyed at the end
+    (``data_network``: each also on a data network, providers/netns_data.py)."""
     from tests.hostfixtures import _Clusters
 
     clusters = _Clusters()
     try:
-        made = clusters.make(3, prefix)
+        made = clusters.make(3, prefix, data_network=data_network)
         for host in made.hosts:
             stop_sshd(host)
         yield made

@@ -21,7 +21,13 @@ from poprun_py.launch import launcher
 from poprun_py.pernode import wire
 from poprun_py.pernode.coordinator import Coordinator, PortInUse
 from poprun_py.pernode.identity import NodeIdentity
-from poprun_py.pernode.node import CoordinatorUnreachable, JobFailed, launch_per_node, per_node
+from poprun_py.pernode.node import (
+    CoordinatorUnreachable,
+    JobFailed,
+    launch_per_node,
+    node_loop,
+    per_node,
+)
 from poprun_py.prepare.job import LaunchOptions, Prepared, prepare
 
 SECRET = b"a-shared-secret-of-24-by"
@@ -226,6 +232,17 @@ def test_check_runs_over_the_joined_nodes_and_node_0_prints_the_table() -> None:
     assert all(e is None if code == 0 else e.exit_code == code for e in outcomes.values())
 
 
+def test_a_node_told_done_is_not_joined_again_but_dials_on_for_the_next_round() -> None:
+    """launch --check --detach: a node told ``done`` by the check's coordinator dials the next
+    round's; while the check's still listens it gets no answer (no refusal) and tries again."""
+    with Coordinator(["n0", "n1"], SECRET, "d", 0, 5.0) as coordinator:
+        coordinator.finished.add(1)
+        late = NodeIdentity(1, 2, "127.0.0.1", coordinator.port, "--node-rank")
+        with pytest.raises(CoordinatorUnreachable, match="the connection closed"):
+            node_loop(late, SECRET, "d", 0.5, 5.0)
+        assert 1 not in coordinator.seen and not coordinator.refused
+
+
 def test_a_rank_outside_the_job_is_refused() -> None:
     with Coordinator(["n0", "n1"], SECRET, "d", 0, 1.0) as coordinator:
         stranger = NodeIdentity(5, 6, "127.0.0.1", coordinator.port, "--node-rank")
@@ -242,8 +259,14 @@ def per_node_loop(node: NodeIdentity) -> object:
 
 @pytest.mark.parametrize(
     "flags",
-    [["--check"], ["--detach", "--sync"], ["--detach", "--spare-hosts", "n1"]],
-    ids=["check", "detach-sync", "detach-spares"],
+    [
+        ["--check", "--sync"],
+        ["--check", "--spare-hosts", "n1"],
+        ["--check", "--detach", "--spare-hosts", "n1"],
+        ["--detach", "--sync"],
+        ["--detach", "--spare-hosts", "n1"],
+    ],
+    ids=["check-sync", "check-spares", "check-detach-spares", "detach-sync", "detach-spares"],
 )
 def test_the_cli_refuses_what_per_node_launch_cannot_do(
     flags: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
