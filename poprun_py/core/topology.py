@@ -13,6 +13,8 @@ Example:
     (0, 1, 2, 8, 10, 11)
     >>> [n.cpus for n in within(topo, (1, 2, 3)).numa_nodes]   # taskset -c 1-3, a cpuset
     [(1, 2, 3)]
+    >>> parse_memory("48Gi"), format_memory(2 * parse_memory("48Gi"))   # a spec's memory:
+    (51539607552, '96Gi')
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from poprun_py.errors import UsageError
 
@@ -30,12 +33,14 @@ class TopologyError(UsageError):
 
 @dataclass(frozen=True)
 class NumaNode:
-    """One NUMA node: its id, its CPUs and the devices attached to it."""
+    """One NUMA node: its id, its CPUs, the devices attached to it and its memory in bytes
+    (None: not declared)."""
 
     id: int
     cpus: tuple[int, ...]
     devices: tuple[int, ...] = ()
     nics: tuple[str, ...] = ()  # RDMA ports attached here, "mlx5_0:1"
+    memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,12 +66,72 @@ class Topology:
         """Every device of the host, in NUMA-node order."""
         return tuple(d for n in self.numa_nodes for d in n.devices)
 
+    @property
+    def memory(self) -> int | None:
+        """The host's memory in bytes: its NUMA nodes' together, None unless every one's is
+        known."""
+        sizes = [n.memory for n in self.numa_nodes]
+        if not sizes or any(m is None for m in sizes):
+            return None
+        return sum(m or 0 for m in sizes)
+
     def describe(self) -> str:
         """A short summary such as ``2 NUMA nodes, 16 CPUs, 4 devices``."""
         return (
             f"{len(self.numa_nodes)} NUMA node{'s' * (len(self.numa_nodes) != 1)}, "
             f"{len(self.cpus)} CPUs, {len(self.devices)} devices"
         )
+
+
+_BINARY: Mapping[str, int] = {u: 1024**p for p, u in enumerate((f"{c}i" for c in "KMGTPE"), 1)}
+_DECIMAL: Mapping[str, int] = {u: 1000**p for p, u in enumerate("kMGTPE", 1)}
+_UNITS: Mapping[str, int] = {**_BINARY, **_DECIMAL, "K": 1000}
+"""Kubernetes' quantity suffixes for a memory size (and ``K``, read as ``k``): binary first."""
+_MEMORY = re.compile(rf"(\d+(?:\.\d+)?)({'|'.join(_UNITS)})?")
+
+
+def parse_memory(value: int | str) -> int:
+    """A memory size in bytes: an int is bytes; text is a number with an optional Kubernetes
+    suffix (``96Gi``, ``512G``, ``1.5Ti``) that comes to a whole number of bytes.
+
+    >>> parse_memory("96Gi"), parse_memory("512G"), parse_memory("1.5Ki"), parse_memory(4096)
+    (103079215104, 512000000000, 1536, 4096)
+    >>> parse_memory("96GB")
+    Traceback (most recent call last):
+    ...
+    poprun_py.core.topology.TopologyError: '96GB' is not a memory size: bytes, or a number \
+with a unit such as 96Gi or 512G (Ki Mi Gi Ti Pi Ei, k M G T P E)
+    """
+    if isinstance(value, bool):
+        raise TopologyError(f"{value!r} is not a memory size")
+    if isinstance(value, int):
+        if value < 0:
+            raise TopologyError(f"{value} is not a memory size: less than 0")
+        return value
+    match = _MEMORY.fullmatch(value)
+    if not match:
+        raise TopologyError(
+            f"{value!r} is not a memory size: bytes, or a number with a unit such as 96Gi or "
+            f"512G ({' '.join(_BINARY)}, {' '.join(_DECIMAL)})"
+        )
+    size = Fraction(match.group(1)) * _UNITS.get(match.group(2) or "", 1)
+    if size.denominator != 1:
+        raise TopologyError(f"{value!r} is not a whole number of bytes")
+    return int(size)
+
+
+def format_memory(size: int) -> str:
+    """``size`` bytes as a Kubernetes quantity: the unit giving the smallest whole number, of
+    the binary and the decimal ones (binary on a tie), plain bytes when none divides it.
+
+    >>> [format_memory(n) for n in (103079215104, 512 * 10**9, 1536, 2**20 * 1000, 0)]
+    ['96Gi', '512G', '1536', '1000Mi', '0']
+    """
+    best, text = size, str(size)
+    for unit, factor in (*_BINARY.items(), *_DECIMAL.items()):
+        if size % factor == 0 and size // factor < best:
+            best, text = size // factor, f"{size // factor}{unit}"
+    return text
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
