@@ -50,18 +50,34 @@ from poprun_py.core.schema import (
     check,
 )
 from poprun_py.core.spec import ClusterSpec, Defaults, HostSpec, ProviderSpec, check_env_name
-from poprun_py.core.topology import NumaNode, Topology, parse_cpulist
+from poprun_py.core.topology import NumaNode, Topology, parse_cpulist, parse_memory
 from poprun_py.errors import SpecError, UsageError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: ~15x faster
 
 _ABSENT: Any = object()  # the default of an optional object that should stay absent
+
+
+@dataclass(frozen=True)
+class _Memory(Spec):
+    """A NUMA node's ``memory:``, in bytes: an integer, or ``96Gi``, ``512G`` (parse_memory)."""
+
+    def check(self, value: Any, path: tuple[str | int, ...]) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise SchemaFault(path, f"expected a memory size (96Gi, 512G or bytes), got {value!r}")
+        try:
+            return parse_memory(value)
+        except UsageError as exc:
+            raise SchemaFault(path, str(exc)) from None
+
+
 _PORT = Int(ge=1, le=65535)
 _NUMA = Obj(
     {
         "id": Int(ge=0),
         "cpus": Either((Str(), ListOf(Int(ge=0)))),
         "devices": ListOf(Int(ge=0), default=()),
+        "memory": _Memory(),
     },
     required=("cpus",),
 )
@@ -300,14 +316,9 @@ def _expand(path: str | None) -> str | None:
 
 
 def _topology(model: Record, where: _Where, path: tuple[Any, ...]) -> Topology:
-    nodes = []
-    for i, numa in enumerate(model.numa_nodes):
-        cpus = (
-            where.guard(lambda c=numa.cpus: parse_cpulist(c), (*path, "numa_nodes", i, "cpus"))
-            if isinstance(numa.cpus, str)
-            else tuple(sorted(set(numa.cpus)))
-        )
-        nodes.append(NumaNode(numa.id if numa.id is not None else i, cpus, tuple(numa.devices)))
+    nodes = [
+        _numa(numa, i, where, (*path, "numa_nodes", i)) for i, numa in enumerate(model.numa_nodes)
+    ]
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise where.fault("NUMA node ids repeat", path)
@@ -317,7 +328,34 @@ def _topology(model: Record, where: _Where, path: tuple[Any, ...]) -> Topology:
     if model.device_env is not None:
         check_device_env = functools.partial(check_env_name, model.device_env, "device_env")
         where.guard(check_device_env, (*path, "device_env"))
+    _check_memory(nodes, where, path)
     return Topology(tuple(nodes), device_env=model.device_env)
+
+
+def _numa(numa: Record, index: int, where: _Where, path: tuple[Any, ...]) -> NumaNode:
+    cpus = (
+        where.guard(lambda: parse_cpulist(numa.cpus), (*path, "cpus"))
+        if isinstance(numa.cpus, str)
+        else tuple(sorted(set(numa.cpus)))
+    )
+    node_id = numa.id if numa.id is not None else index
+    return NumaNode(node_id, cpus, tuple(numa.devices), memory=numa.memory)
+
+
+def _check_memory(nodes: list[NumaNode], where: _Where, path: tuple[Any, ...]) -> None:
+    """``memory:`` on every NUMA node of a topology or on none (a host's is their sum), and
+    not 0 on them all."""
+    known = [n.memory is not None for n in nodes]
+    if any(known) and not all(known):
+        other = nodes[known.index(True)].id
+        message = (
+            f"no memory, but NUMA node {other} has: declare memory on every NUMA node of a "
+            "topology or on none"
+        )
+        raise where.fault(message, (*path, "numa_nodes", known.index(False)))
+    if all(known) and not sum(n.memory or 0 for n in nodes):
+        message = "0 on every NUMA node: a host with memory has some"
+        raise where.fault(message, (*path, "numa_nodes", 0, "memory"))
 
 
 def _hosts(
