@@ -10,9 +10,10 @@ named ``<name>-<index>.<name>``, the Service being the pods' ``subdomain``). Eve
   /var/run/poprun/secret --max-restarts=0 <the job's options> -- PROGRAM ARGS``; its rank is
   Kubernetes' ``JOB_COMPLETION_INDEX``, and ``POPRUN_NNODES`` and ``POPRUN_COORDINATOR`` (pod
   0's name) are in its environment;
-- the plan's resources, requests = limits: ``cpu`` (the host's CPUs), ``nvidia.com/gpu``
-  (``amd.com/gpu`` for AMD) the host's devices, when its topology is known (the topology
-  carries no memory size, so no ``memory``);
+- the plan's resources, requests = limits, when the host's topology is known: ``cpu`` (the
+  host's CPUs), ``memory`` (its NUMA nodes' ``memory:`` together, as a quantity such as
+  ``96Gi``, when the spec declares it) and ``nvidia.com/gpu`` (``amd.com/gpu`` for AMD) the
+  host's devices;
 - the shared secret as a file, from the Kubernetes Secret ``poprun-secret`` (key ``secret``),
   never its value;
 - ``--max-restarts`` as Kubernetes' whole-job restart: JobSet's ``failurePolicy.maxRestarts``
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from poprun_py.core.plan import LaunchPlan
+from poprun_py.core.topology import format_memory
 from poprun_py.errors import RenderError, UsageError
 
 KINDS: Mapping[str, str] = {"jobset": "pernode-jobset.j2", "job": "pernode-job.j2"}
@@ -194,8 +196,9 @@ def pod_env(name: str, kind: str, count: int) -> list[tuple[str, str]]:
 
 
 def resources(plan: LaunchPlan) -> dict[str, str]:
-    """One pod's requests (= limits) from the plan's hosts: ``cpu``, and the devices as
-    ``nvidia.com/gpu`` (``amd.com/gpu``); empty where no topology is known. RenderError when
+    """One pod's requests (= limits) from the plan's hosts: ``cpu``, ``memory`` (when every
+    NUMA node's is declared), and the devices as ``nvidia.com/gpu`` (``amd.com/gpu``); empty
+    where no topology is known. RenderError when
     the hosts differ: every pod has the same template."""
     asks = {h.name: _host_resources(h.topology) for h in plan.hosts}
     first = next(iter(asks.values()), {})
@@ -212,6 +215,8 @@ def _host_resources(topology: Any) -> dict[str, str]:
     if topology is None:
         return {}
     asks = {"cpu": str(len(topology.cpus))} if topology.cpus else {}
+    if topology.memory:
+        asks["memory"] = format_memory(topology.memory)
     if topology.devices:
         device = "amd.com/gpu" if topology.device_kind == "amd" else "nvidia.com/gpu"
         asks[device] = str(len(topology.devices))
