@@ -263,7 +263,9 @@ class Coordinator:
     ) -> None:
         """Tell every node that joined to exit with ``code``, and why (``reason``: the root
         cause; each dials again once its agent has ended: up to ``wait`` seconds for all; the
-        nodes of ``lost`` hosts only if they wait already), then close."""
+        nodes of ``lost`` hosts only if they wait already), then close. A node told ``done``
+        that dials again meanwhile gets no answer: it is a later round's (``launch --check
+        --detach``: the supervisors' coordinator), and dials on until that one listens."""
         deadline = time.monotonic() + wait
         for rank in sorted(self.seen):
             gone = self.hosts[rank] in lost
