@@ -411,6 +411,7 @@ def plan_dict(plan: LaunchPlan) -> dict[str, Any]:
                         "cpus": list(n.cpus),
                         "devices": list(n.devices),
                         "nics": list(n.nics),
+                        **({"memory": n.memory} if n.memory is not None else {}),
                     }
                     for n in (h.topology.numa_nodes if h.topology else ())
                 ],
