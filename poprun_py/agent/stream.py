@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 
 from poprun_py.ssh.streams import (
     DIAGNOSTICS_KEPT,
+    BufferedStream,
     ChannelStream,
     ProcessStream,
     Stream,
@@ -59,54 +59,30 @@ __all__ = [
 ]
 
 
-class SocketStream:
+class SocketStream(BufferedStream):
     """A connected socket as a :class:`Stream`: what arrives in (read without waiting), what
     is written out (all of it, waiting for room), the peer's close (or a reset) as the end.
     There is no diagnostics channel: :attr:`said` (set by whoever knows why the peer ended,
     '' by default) is the last words."""
 
     def __init__(self, sock: socket.socket, said: str = ""):
+        super().__init__()
         self.sock = sock
         sock.setblocking(True)
-        self._pending = bytearray()
-        self._eof = False
-        self._lock = threading.Lock()
         self.said = said
 
-    def _pull(self) -> None:
-        """Move what the socket holds into the buffer; note its end."""
-        with self._lock:
-            while not self._eof:
-                try:
-                    chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:  # reset, or closed here
-                    chunk = b""
-                if not chunk:
-                    self._eof = True
-                self._pending += chunk
+    def _chunk(self) -> bytes | None:
+        """What the socket holds."""
+        try:
+            return self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:  # reset, or closed here
+            return b""
 
     def fileno(self) -> int:
         """The socket: readable while data is unread, and at its end (-1 once closed)."""
         return self.sock.fileno()
-
-    def ready(self) -> bool:
-        """Unread data."""
-        self._pull()
-        return bool(self._pending)
-
-    def read(self) -> bytes:
-        """The unread data."""
-        self._pull()
-        with self._lock:
-            data, self._pending = bytes(self._pending), bytearray()
-        return data
-
-    def ended(self) -> bool:
-        """The peer closed its side (or the connection broke), or this side closed it."""
-        self._pull()
-        return self._eof
 
     def write(self, data: bytes) -> None:
         """All of ``data``; OSError (BrokenPipeError, ConnectionResetError) once it is broken."""

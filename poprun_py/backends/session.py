@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("poprun_py")
 TIDY_TIMEOUT = 30.0  # seconds for one host to remove a job's directory
 
-NUMACTL_MISSING = "numactl not found on PATH; install numactl (Debian: numactl) or --no-numa-aware"
-
 
 def local_topologies(prep: Prepared) -> dict[str, Topology | None]:
     """For jobs on this machine: every host's real topology is this machine's."""
@@ -129,6 +127,8 @@ def check_tools(tools: Mapping[str, str]) -> None:
 def check_numactl(job: RenderedJob) -> None:
     """PreflightError (exit 3, nothing started) when an instance is bound through numactl and
     numactl is not on its PATH."""
+    from poprun_py.preflight.probes import NUMACTL_MISSING
+
     for cmd in job.instances:
         if cmd.argv and os.path.basename(cmd.argv[0]) == "numactl":
             path = cmd.env.get("PATH") or os.environ.get("PATH")

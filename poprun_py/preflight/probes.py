@@ -326,7 +326,12 @@ def _parse_hardware(text: str) -> Hardware | None:
         return None
 
 
-NUMACTL_MISSING = "numactl not found (the rendered command binds with numactl; install it)"
+# what a missing numactl is called, on a host (check_numactl) and on this machine (the local
+# session's check)
+NUMACTL_MISSING = (
+    "numactl not found (the rendered command binds with numactl): install numactl "
+    "(Debian: numactl) or --no-numa-aware"
+)
 
 
 def check_numactl(job: RenderedJob, report: PreflightReport) -> None:

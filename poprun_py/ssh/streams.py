@@ -1,7 +1,8 @@
 """The agent's byte streams over SSH transports: the :class:`Stream` protocol (the transport
 seam of :mod:`poprun_py.agent.stream`, which documents it and adds the per-node socket), a
 Paramiko channel (:class:`ChannelStream`) and an OpenSSH client process
-(:class:`ProcessStream`). Here, beside the connections that make them
+(:class:`ProcessStream`), which reads as the per-node socket's stream does
+(:class:`BufferedStream`: chunks read without waiting, kept until read). Here, beside the connections that make them
 (:meth:`~poprun_py.ssh.connection.Connection.agent_stream`), so that the ssh package does not
 import the agent package that uses them.
 
@@ -112,7 +113,51 @@ class ChannelStream:
         return last_line(self.stderr)
 
 
-class ProcessStream:
+class BufferedStream:
+    """The reading half that :class:`ProcessStream` and the per-node socket's stream share:
+    their transport is read in chunks without waiting (:meth:`_chunk`, which each gives), what
+    arrived is kept until it is read, and the transport's end is noted (also by ``close``)."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self._eof = False
+        self._lock = threading.Lock()
+
+    def _chunk(self) -> bytes | None:
+        """What the transport holds now, without waiting: b"" at its end, None for nothing."""
+        raise NotImplementedError
+
+    def _pull(self) -> None:
+        """Move what the transport holds into the buffer; note its end."""
+        with self._lock:
+            while not self._eof:
+                chunk = self._chunk()
+                if chunk is None:
+                    return
+                if not chunk:
+                    self._eof = True
+                self._pending += chunk
+
+    def ready(self) -> bool:
+        """Unread data."""
+        self._pull()
+        return bool(self._pending)
+
+    def read(self) -> bytes:
+        """The unread data."""
+        self._pull()
+        with self._lock:
+            data, self._pending = bytes(self._pending), bytearray()
+        return data
+
+    def ended(self) -> bool:
+        """The transport ended (the peer closed or the connection broke; the process's stdout
+        ended), or this side closed it."""
+        self._pull()
+        return self._eof
+
+
+class ProcessStream(BufferedStream):
     """A child process as a :class:`Stream` (the OpenSSH client: ``ssh ... HOST COMMAND``): its
     stdout in (non-blocking), its stdin out, its stderr read by a thread and kept aside (the
     last :data:`DIAGNOSTICS_KEPT` bytes). The process must have been started with all three
@@ -120,13 +165,11 @@ class ProcessStream:
 
     def __init__(self, process: subprocess.Popen[bytes]):
         assert process.stdin and process.stdout and process.stderr
+        super().__init__()
         self.process = process
         self._out = process.stdout.fileno()
         os.set_blocking(self._out, False)
-        self._pending = bytearray()
-        self._eof = False
         self.stderr = b""
-        self._lock = threading.Lock()
         self._stderr = threading.Thread(target=self._collect, daemon=True, name="poprun-stderr")
         self._stderr.start()
 
@@ -137,40 +180,18 @@ class ProcessStream:
             for chunk in iter(lambda: os.read(fd, 65536), b""):
                 self.stderr = (self.stderr + chunk)[-DIAGNOSTICS_KEPT:]
 
-    def _pull(self) -> None:
-        """Move what the pipe holds into the buffer; note its end."""
-        with self._lock:
-            while not self._eof:
-                try:
-                    chunk = os.read(self._out, 65536)
-                except BlockingIOError:
-                    return
-                except (OSError, ValueError):  # closed here
-                    chunk = b""
-                if not chunk:
-                    self._eof = True
-                self._pending += chunk
+    def _chunk(self) -> bytes | None:
+        """What the stdout pipe holds."""
+        try:
+            return os.read(self._out, 65536)
+        except BlockingIOError:
+            return None
+        except (OSError, ValueError):  # closed here
+            return b""
 
     def fileno(self) -> int:
         """The stdout pipe: readable while output is unread, and at its end."""
         return self._out
-
-    def ready(self) -> bool:
-        """Unread output."""
-        self._pull()
-        return bool(self._pending)
-
-    def read(self) -> bytes:
-        """The unread output."""
-        self._pull()
-        with self._lock:
-            data, self._pending = bytes(self._pending), bytearray()
-        return data
-
-    def ended(self) -> bool:
-        """The process's stdout ended (it exited, or the far side closed), or it was closed."""
-        self._pull()
-        return self._eof
 
     def write(self, data: bytes) -> None:
         """All of ``data`` to the process's stdin; BrokenPipeError once it is gone."""
