@@ -450,3 +450,88 @@ def test_the_readme_s_commands_render(capsys: pytest.CaptureFixture[str]) -> Non
     argv = [str(POD16) if a == "clusters/pod16.yaml" else a for a in argv]
     assert run(argv) == 0, capsys.readouterr().err
     assert "kind: JobSet" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- memory (issue 23)
+
+MEMORY_SPEC = """\
+name: mem
+hosts:
+  - {name: "n[1-2]", topology: big}
+topologies:
+  big:
+    numa_nodes:
+      - {id: 0, cpus: "0-7", devices: [0, 1], memory: 48Gi}
+      - {id: 1, cpus: "8-15", devices: [2, 3], memory: 48Gi}
+"""
+
+
+@pytest.mark.parametrize("kind", ["jobset", "job"])
+def test_memory_is_the_numa_nodes_together_and_the_manifest_stays_valid(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "mem.yaml"
+    spec.write_text(MEMORY_SPEC, encoding="utf-8")
+    docs = manifest(capsys, "--k8s-kind", kind, "-c", str(spec), "train.py")
+    asks = container(docs[-1])["resources"]
+    expected = {"cpu": "16", "memory": "96Gi", "nvidia.com/gpu": "4"}
+    assert asks["requests"] == asks["limits"] == expected
+    if kind == "jobset":
+        check_schema(docs[0], JOBSET, "JobSet")
+    else:
+        check_model(docs[-1], "V1Job", "Job")
+    requirements = k8s.ApiClient()._ApiClient__deserialize(asks, "V1ResourceRequirements")
+    assert requirements.limits["memory"] == "96Gi"
+
+
+def test_memory_is_absent_when_the_topology_does_not_declare_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    [jobset] = manifest(capsys, "-c", str(POD16), "train.py")
+    assert "memory" not in container(jobset)["resources"]["limits"]
+    assert resources(plan_with(uniform(2, 4, 1), uniform(2, 4, 1))) == {
+        "cpu": "8",
+        "nvidia.com/gpu": "2",
+    }
+
+
+def with_memory(topology: Any, *sizes: int) -> Any:
+    nodes = tuple(
+        dataclasses.replace(n, memory=m) for n, m in zip(topology.numa_nodes, sizes, strict=True)
+    )
+    return dataclasses.replace(topology, numa_nodes=nodes)
+
+
+def test_memory_is_written_in_the_unit_of_the_smallest_whole_number() -> None:
+    gib, gb = 2**30, 10**9
+    assert resources(plan_with(with_memory(uniform(2, 4), 48 * gib, 48 * gib)))["memory"] == "96Gi"
+    assert resources(plan_with(with_memory(uniform(2, 4), 256 * gb, 256 * gb)))["memory"] == "512G"
+    assert resources(plan_with(with_memory(uniform(2, 4), 512 * gib, 512 * gib)))["memory"] == "1Ti"
+
+
+def test_hosts_that_differ_in_memory_are_refused() -> None:
+    gib = 2**30
+    small, big = with_memory(uniform(2, 4), gib, gib), with_memory(uniform(2, 4), gib, 3 * gib)
+    assert resources(plan_with(small, small))["memory"] == "2Gi"
+    with pytest.raises(
+        RenderError, match="host h1 needs cpu=8, memory=4Gi, host h0 cpu=8, memory=2Gi: one pod"
+    ):
+        resources(plan_with(small, big))
+    with pytest.raises(RenderError, match="host h1 needs cpu=8, host h0 cpu=8, memory=2Gi"):
+        resources(plan_with(small, uniform(2, 4)))  # one host's memory unknown: not the same
+
+
+def test_hosts_that_differ_in_memory_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "mem.yaml"
+    other = (
+        '  small:\n    numa_nodes:\n      - {cpus: "0-15", devices: [0, 1, 2, 3], memory: 64Gi}\n'
+    )
+    text = MEMORY_SPEC.replace('{name: "n[1-2]", topology: big}', "{name: n1, topology: big}")
+    text = text.replace("hosts:\n", "hosts:\n  - {name: n2, topology: small}\n") + other
+    spec.write_text(text, encoding="utf-8")
+    code, out, err = render(capsys, "--image", IMAGE, "-c", str(spec), "train.py")
+    assert (code, out) == (2, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert "memory=96Gi" in err and "memory=64Gi" in err and "one pod template" in err
