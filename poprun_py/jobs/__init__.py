@@ -4,7 +4,7 @@ records it; ``jobs``, ``logs``, ``stop`` and ``wait`` find it again from any pro
 
 - :mod:`~poprun_py.jobs.record`: the job record and its state machine (pure);
 - :mod:`~poprun_py.hostside.hostops`: what runs on the supervisor's host to list, follow, stop
-  and wait for jobs (standard library only: shipped to the host as source);
+  and wait for jobs (standard library only: shipped by the one bundler);
 - :mod:`~poprun_py.jobs.place`: where a job's supervisor lives, and how to reach it;
 - :mod:`~poprun_py.jobs.registry`: this machine's list of the jobs it launched;
 - :mod:`~poprun_py.jobs.supervisor`: the supervisor's start (handshake, detaching itself);

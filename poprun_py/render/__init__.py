@@ -1,5 +1,6 @@
 """From a plan to commands: Jinja2 templates (``templates/``, overridable with ``--templates``)
-render each backend's argv lists and per-instance environments.
+render each backend's argv lists and per-instance environments (:mod:`~poprun_py.render.job`);
+:mod:`~poprun_py.render.k8s` renders a plan as the Kubernetes manifest of per-node mode.
 
 Example:
 
