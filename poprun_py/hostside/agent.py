@@ -245,7 +245,7 @@ class Agent:
 
     def finished(self, now: float) -> bool:
         """Every instance reported, no leftover, output drained (or nobody listens any more)."""
-        if not all(inst.reported for inst in self.instances) or self.clean_at is None:
+        if not self.all_reported() or self.clean_at is None:
             return False
         if self.dumper is not None and self.dumper.is_alive():
             return False  # its py-spy runs end within their timeout
@@ -258,8 +258,8 @@ class Agent:
         times = [self.sent + self.heartbeat] + [now + w for w in self.grace.waits(now)]
         if self.listening():
             times.append(self.heard + self.liveness)
-        if self.stopping and self.clean_at is None:
-            times.append(self.scanned + SCAN_EVERY)
+        if self.stopping and self.clean_at is None and self.all_reported():
+            times.append(self.scanned + SCAN_EVERY)  # before that, SIGCHLD wakes the loop
         if self.clean_at is not None:
             times.append(self.clean_at + DRAIN)
         return times
@@ -269,7 +269,7 @@ class Agent:
         while self.dumps:
             self.dumped(*self.dumps.pop(0))
         self.reap()
-        if all(inst.reported for inst in self.instances):
+        if self.all_reported():
             self.stop()
         if self.listening() and now - self.heard > self.liveness:
             self.in_open = False  # cut off: nobody hears us, and our output would only pile up
@@ -279,11 +279,15 @@ class Agent:
             self.signal_all(signal.SIGKILL)
         if self.stopping and self.clean_at is None and now - self.scanned >= SCAN_EVERY:
             self.scanned = now
-            if all(inst.reported for inst in self.instances) and not self.leftovers():
+            if self.all_reported() and not self.leftovers():
                 self.clean_at = now
         if now - self.sent >= self.heartbeat:
             self.emit(HEARTBEAT_LINE)
         self.update_interest()
+
+    def all_reported(self) -> bool:
+        """Every instance's end was reported."""
+        return all(inst.reported for inst in self.instances)
 
     def listening(self) -> bool:
         """True while poprun-py's silence counts: a limit, a channel, and no pause."""
