@@ -2,9 +2,9 @@
 seam of :mod:`poprun_py.agent.stream`, which documents it and adds the per-node socket), a
 Paramiko channel (:class:`ChannelStream`) and an OpenSSH client process
 (:class:`ProcessStream`), which reads as the per-node socket's stream does
-(:class:`BufferedStream`: chunks read without waiting, kept until read). Here, beside the connections that make them
-(:meth:`~poprun_py.ssh.connection.Connection.agent_stream`), so that the ssh package does not
-import the agent package that uses them.
+(:class:`BufferedStream`: chunks read without waiting, kept until read). Here, beside the
+connections that make them (:meth:`~poprun_py.ssh.connection.Connection.agent_stream`), so
+that the ssh package does not import the agent package that uses them.
 
 Example:
 
