@@ -30,7 +30,7 @@ from dataclasses import fields
 from typing import Any
 
 from poprun_py.core.spec import ClusterSpec, Defaults, HostSpec
-from poprun_py.core.topology import Topology, format_cpulist
+from poprun_py.core.topology import NumaNode, Topology, format_cpulist, format_memory
 from poprun_py.providers.records import Node, ProvisionRecord
 
 
@@ -91,9 +91,16 @@ def _host(node: Node, declared: HostSpec | None) -> dict[str, Any]:
 
 
 def _topology(topology: Topology) -> dict[str, Any]:
-    return {
-        "numa_nodes": [
-            {"id": n.id, "cpus": format_cpulist(n.cpus), "devices": list(n.devices)}
-            for n in topology.numa_nodes
-        ]
+    return {"numa_nodes": [_numa_node(n) for n in topology.numa_nodes]}
+
+
+def _numa_node(node: NumaNode) -> dict[str, Any]:
+    """One NUMA node as the spec writes it (``memory:`` where it is known)."""
+    written: dict[str, Any] = {
+        "id": node.id,
+        "cpus": format_cpulist(node.cpus),
+        "devices": list(node.devices),
     }
+    if node.memory is not None:
+        written["memory"] = format_memory(node.memory)
+    return written

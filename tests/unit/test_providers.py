@@ -147,6 +147,17 @@ def test_inventory_is_a_cluster_spec_that_launch_reads(tmp_path: Path) -> None:
     assert parsed.provider is None and parsed.setup is None
 
 
+def test_inventory_keeps_the_numa_nodes_memory() -> None:
+    gib = 1 << 30
+    topo = Topology((NumaNode(0, (0, 1), memory=48 * gib), NumaNode(1, (2, 3), memory=48 * gib)))
+    spec = ClusterSpec("mem", hosts=(HostSpec("pa1", topology=topo),))
+    record = ProvisionRecord("mem", "local", nodes=(Node("pa1", "198.18.3.11", "root", 22, "/id"),))
+    text = inventory_text(spec, record)
+    assert "48Gi" in text
+    parsed = parse_cluster(text, "inv.yaml").hosts[0].topology
+    assert parsed == topo and parsed is not None and parsed.memory == 96 * gib
+
+
 def test_inventory_leaves_out_what_is_unset() -> None:
     record = ProvisionRecord("bare", "static", nodes=(Node("h", "h"),))
     assert inventory_dict(ClusterSpec("bare", ()), record) == {
