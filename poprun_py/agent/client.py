@@ -71,8 +71,11 @@ class AgentPool:
     checks here, and the ssh backend then runs the job on the same agents.
     """
 
-    def __init__(self, pool: ConnectionPool):
+    def __init__(self, pool: ConnectionPool, linger: bool = False):
         self.pool = pool
+        # agents serve requests again after their job (the job directory's removal) where a
+        # command would otherwise cost another login session (:attr:`Connection.logs_in`)
+        self.linger = linger
         self._agents: dict[str, AgentConnection] = {}
         self._retired: list[AgentConnection] = []  # agents whose job was handed out
         self._lock = threading.Lock()
@@ -103,9 +106,10 @@ class AgentPool:
         if agent is not None and (agent.given_job or agent.exited()):
             with self._lock:  # an agent runs one job: a restarted job gets a new one
                 self._retired.append(agent)
+            agent.send_eof()  # one lingering after its job ends now
             agent = None
         if agent is None:
-            agent = AgentConnection.start(conn)
+            agent = AgentConnection.start(conn, linger=self.linger and conn.logs_in)
             with self._lock:
                 self._agents[conn.name] = agent
         return agent
@@ -118,6 +122,12 @@ class AgentPool:
         if conn is None:
             raise ConnectionLost(host, f"no open connection to host {host}")
         return self.agent(conn)
+
+    def lingering(self, host: str) -> AgentConnection | None:
+        """``host``'s agent if its job is over and it serves requests again (``linger``)."""
+        with self._lock:
+            agent = self._agents.get(host)
+        return agent if agent is not None and agent.serves_after_job() else None
 
     def each(
         self,
@@ -157,17 +167,21 @@ class AgentConnection:
         self.buffer = b""
         self.answered = False
         self.given_job = False  # the agent got its job: it exits after it, never reused
+        self.linger = False  # its job's header asks it to serve requests again after the job
+        self.job_over = False  # it said "d": its job is over
         self._requests = 0
         self._lock = threading.Lock()  # one request at a time per agent
         self._send_lock = threading.Lock()  # whole lines: heartbeats come from another thread
 
     @classmethod
-    def start(cls, conn: Connection) -> AgentConnection:
+    def start(cls, conn: Connection, linger: bool = False) -> AgentConnection:
         """Start the agent through ``conn``'s transport seam (:meth:`Connection.agent_stream`:
-        a Paramiko channel, an ``ssh`` process, a joined node's socket) and send it its code."""
+        a Paramiko channel, an ``ssh`` process, a joined node's socket) and send it its code;
+        ``linger``: its job will ask it to serve requests after the job, until EOF."""
         stream = conn.agent_stream(over_stdin())
         failure = conn.agent_failure(stream)
         agent = cls(conn.name, stream, failure)
+        agent.linger = linger
         try:
             stream.write(payload("agent").data)
         except OSError:  # the transport ended: it could not connect, or the host refused
@@ -277,6 +291,10 @@ class AgentConnection:
             return f"the agent on host {self.name} ended: {said}"
         return f"the connection to host {self.name} closed"
 
+    def serves_after_job(self) -> bool:
+        """True while the agent, its job over, still answers requests (``linger``)."""
+        return self.linger and self.job_over and not self.exited()
+
     def send_eof(self) -> None:
         """Close our side of the agent's stdin: it stops whatever is left and exits."""
         self.stream.send_eof()
@@ -364,8 +382,8 @@ class AgentLink:
         self.done = False  # the agent said "d", or the host is lost
 
     def start(self, agent: AgentConnection, header: dict[str, Any]) -> None:
-        """Hand the job to the agent."""
-        agent.send(P.JOB + b" " + json.dumps(header).encode())
+        """Hand the job to the agent (asked to linger after it if the pool wants that)."""
+        agent.send(P.JOB + b" " + json.dumps({**header, "linger": agent.linger}).encode())
         self.agent = agent
         self.heard = self.looked = time.monotonic()
         self.heard_wall = time.time()
@@ -399,6 +417,7 @@ class AgentLink:
         if data:
             self.heard, self.heard_wall = time.monotonic(), time.time()
         *records, self.agent.buffer = (self.agent.buffer + data).split(b"\n")
+        self.agent.job_over = self.agent.job_over or P.DONE in records
         return records, ended
 
     def pending(self) -> bool:
@@ -406,10 +425,11 @@ class AgentLink:
         return self.agent is not None and self.agent.pending()
 
     def close(self) -> None:
-        """Close the stream (the agent sees EOF and stops whatever is left)."""
+        """Close the stream (the agent sees EOF and stops whatever is left) -- unless the
+        agent lingers after its job: then its pool ends it (:meth:`AgentPool.close`)."""
         with _LOCK:
             _WORKING.discard(self)
-        if self.agent is not None:
+        if self.agent is not None and not self.agent.serves_after_job():
             self.agent.close()
 
     def silence_limit(self, timing: Timing) -> float:

@@ -171,7 +171,8 @@ class RemoteSession:
         self.pool: ConnectionPool = pool or ConnectionPool(
             list(prep.plan.cluster.hosts), ssh_settings(prep)
         )
-        self.agents: AgentPool = AgentPool(self.pool)
+        tidies = not (settings.output_dir or settings.keep_job_dir)
+        self.agents: AgentPool = AgentPool(self.pool, linger=tidies)
         self.runner_for, self.stages, self.tools = runner_for, stages, dict(tools or {})
         self.direct_only = direct_only
         self.backend = prep.backend
@@ -231,11 +232,13 @@ class RemoteSession:
         return [h.name for h in self.pool.hosts]
 
     def tidy(self, job_dir: str) -> None:
-        """Remove ``job_dir`` on every host, over the connections still open (one ``rm`` each,
-        in parallel); a host that cannot is warned about: the job itself succeeded."""
+        """Remove ``job_dir`` on every host (one ``rm`` each, in parallel) through the job's
+        agent where it lingers (no new login session), else over the connection; a host that
+        cannot is warned about: the job itself succeeded."""
 
         def remove(conn: Connection) -> str:
-            done = conn.run(["rm", "-rf", "--", job_dir], timeout=TIDY_TIMEOUT)
+            via = self.agents.lingering(conn.name) or conn
+            done = via.run(["rm", "-rf", "--", job_dir], timeout=TIDY_TIMEOUT)
             return (done.stderr.strip() or f"exit {done.exit_code}") if done.exit_code else ""
 
         for host, outcome in self.pool.each(remove).items():

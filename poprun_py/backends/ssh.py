@@ -258,8 +258,14 @@ class SshRun:
     def close_links(self, wait: float = 3.0) -> None:
         """End every host's agent: EOF on its stdin, then wait (together, at most ``wait``
         seconds) until each has exited -- its stdout closed -- before closing the streams, so
-        no agent is still running on any host when the backend returns."""
-        agents = [link.agent for link in self.links.values() if link.agent is not None]
+        no agent is still running on any host when the backend returns; except those that
+        linger after their job (their session removes the job's directory through them, then
+        ends them: :meth:`~poprun_py.agent.client.AgentPool.close`)."""
+        agents = [
+            link.agent
+            for link in self.links.values()
+            if link.agent is not None and not link.agent.serves_after_job()
+        ]
         for agent in agents:
             agent.send_eof()
         deadline = time.monotonic() + wait

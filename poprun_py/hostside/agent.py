@@ -5,8 +5,9 @@ the agent from stdin, bundled with the modules it imports -- so nothing has to b
 host (a python3 older than :data:`MIN_PYTHON` is refused with one line, which preflight reports
 for that host: exit 3, nothing started); then poprun-py writes requests: commands to run first
 (preflight's checks, so a whole launch costs one login session per host), then the host's part
-of the job, then control lines. It uses the standard library only and runs on any Python 3.7+
-on Linux.
+of the job, then control lines; after the job, if its header says ``linger``, requests again
+until stdin closes (the job directory's removal). It uses the standard library only and runs on
+any Python 3.7+ on Linux.
 
 What it does, with the local backend's rules and code (:mod:`poprun_py.hostside.supervision`,
 shipped inside the agent): writes the job's files (mode 0600); starts every instance in its own
@@ -489,12 +490,12 @@ def write_files(items: list[dict[str, str]]) -> str:
     return ""
 
 
-def serve(fd: int = 0, idle: float = IDLE) -> tuple[dict[str, Any], bytes]:
-    """Answer ``run``/``put`` requests until the ``job`` line; return the job and the rest.
+def serve(fd: int = 0, idle: float = IDLE, data: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    """Answer ``run``/``put`` requests until the ``job`` line; return the job and the rest
+    (``data``: what was read already).
 
     Exits when stdin ends or stays silent for ``idle`` seconds (poprun-py is gone).
     """
-    data = b""
     poll = select.poll()  # not select(): it cannot take a descriptor above 1023
     poll.register(fd, select.POLLIN)
     while True:
@@ -556,7 +557,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: serve requests, then run the job, exit 0.
+    """Entry point: serve requests, then run the job, exit 0 -- or, when the job's header
+    says ``linger``, serve requests again until poprun-py closes stdin (it removes the job's
+    directory through this agent after a success: no second login session on the host).
 
     ``--no-stdin-eof`` (for local tests and the example): end of stdin after the job line is
     not taken to mean that poprun-py is gone.
@@ -569,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
     agent = Agent(header, rest, in_fd=in_fd)
     agent.start()
     agent.run()
+    if header.get("linger") and agent.in_open and in_fd == 0:
+        serve(0, IDLE, bytes(agent.control))  # exits at EOF; a second job is not taken
     sys.exit(0)
 
 

@@ -319,6 +319,8 @@ class JoinedConnection(Connection):
     """A joined node as a host's connection: an agent on it is the node's next dial, ordered
     to start the agent's bootstrap; commands (``run``) go through a one-off agent."""
 
+    logs_in = False  # a command is the node's next dial: no login session to save
+
     def __init__(self, coordinator: Coordinator, host: HostSpec, rank: int):
         self.host, self.coordinator, self.rank = host, coordinator, rank
         self.via = None

@@ -55,6 +55,8 @@ class RemoteResult:
 class Connection:
     """One host's authenticated SSH connection; every channel goes over its one Transport."""
 
+    logs_in = True  # each command is a login session on the host (sshd, the user's shell)
+
     def __init__(
         self,
         host: HostSpec,

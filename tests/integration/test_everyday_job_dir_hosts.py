@@ -1,6 +1,6 @@
 """Issue 20, item 15, on the test hosts: a successful job's directory goes from every host
-(each host's agent session removes its copy before the connections close), a failed job's
-stays on them and is named, and ``--keep-job-dir`` keeps it.
+(each host's agent, lingering after its job, removes its copy: no second login session), a
+failed job's stays on them and is named, and ``--keep-job-dir`` keeps it.
 
 The test hosts share this machine's file system, so these tests show the directory gone
 wherever it was; that the hosts' removal is asked for at all is shown on the fakes
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.providers.netns import TestCluster
+from tests.integration.helpers import sessions_started
 from tests.integration.test_launch_hosts_cli import only_sshd, poprun, spec_for
 
 pytestmark = pytest.mark.hosts
@@ -39,8 +40,12 @@ def test_a_successful_jobs_directory_goes_from_every_host_a_failed_ones_stays(
     monkeypatch.setenv("POPRUN_PY_JOB_ROOT", str(root))
     spec = spec_for(test_cluster_4, tmp_path)
     argv = ["launch", "-c", str(spec), "-b", backend, "-n", "4"]
+    before = sessions_started(test_cluster_4)
     ok = poprun(*argv, "--", "sh", "-c", SHOW, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
+    # the removal goes through the job's agent, lingering after its job: no second login
+    after = sessions_started(test_cluster_4)
+    assert {h: after[h] - before.get(h, 0) for h in after} == {h: 1 for h in after}
     shards = shard_files(ok.stdout)
     assert len(shards) == 4, ok.stdout
     assert not any(s.exists() for s in shards) and jobs_in(root) == []

@@ -214,6 +214,31 @@ def test_agent_reports_the_pid_first_then_tagged_lines_then_the_exit() -> None:
     assert proc.returncode == 0
 
 
+def test_a_lingering_agent_answers_requests_after_its_job_until_stdin_closes(
+    tmp_path: Path,
+) -> None:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    proc = agent({"instances": [{"index": 0, "argv": ["true"]}], "linger": True})
+    assert proc.stdin is not None and proc.stdout is not None
+    while proc.stdout.readline().strip() != b"d":  # its records up to "d": the job is over
+        pass
+    request = {"id": 1, "argv": ["rm", "-rf", "--", str(job_dir)], "env": {}, "timeout": 10}
+    proc.stdin.write(b"run " + json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    kind, _, body = proc.stdout.readline().partition(b" ")
+    assert (kind, json.loads(body)["code"]) == (b"R", 0) and not job_dir.exists()
+    assert proc.poll() is None  # still there: it ends when poprun-py closes its stdin
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_an_agent_not_asked_to_linger_exits_after_its_job() -> None:
+    proc = agent({"instances": [{"index": 0, "argv": ["true"]}]})
+    assert proc.wait(timeout=10) == 0  # stdin still open
+    assert records(finish(proc))[-1] == "d"
+
+
 def test_agent_writes_job_files_private_and_passes_the_environment(tmp_path: Path) -> None:
     shard = tmp_path / "job" / "shard-0.txt"
     job = {
