@@ -115,6 +115,13 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
+def _ready(pid: int, sig: int) -> bool:
+    """Whether rank wrapper ``pid`` is ready for ``sig``: it catches it (its ``trap`` ran)
+    and its rank has started (a descendant that is no copy of the wrapper: between ``trap``
+    and the fork of ``"$@"`` a signal would reach the shell alone, and the rank never)."""
+    return catches(pid, sig) and any(not _is_rank_wrapper(p) for p in tree(pid)[1:])
+
+
 def _signal_tree(pid: int, sig: int) -> None:
     for member in tree(pid):
         try:
@@ -141,7 +148,8 @@ def signal_ranks(roots: list[int], sig: int, wait: float = TRAP_WAIT) -> int:
     """Send ``sig`` to every rank of an mpiexec job in the trees of ``roots``: the process
     group of each rank wrapper (:data:`RANK_WRAPPER`) that leads one, else the wrapper and its
     descendants. A wrapper not catching ``sig`` yet (just started: its shell has not run its
-    ``trap``) would die of it: a thread signals it once it catches ``sig``, within ``wait``
+    ``trap``) would die of it, and one whose rank has not started yet would keep it from
+    the rank: a thread signals it once it is ready (:func:`_ready`), within ``wait``
     seconds (:func:`signal_when_trapped`). Return how many ranks were signalled at once."""
     count, pending = 0, []
     for root in roots:
@@ -149,7 +157,7 @@ def signal_ranks(roots: list[int], sig: int, wait: float = TRAP_WAIT) -> int:
             if pid == root or not _is_rank_wrapper(pid):
                 continue
             ident = identify(pid)
-            if catches(pid, sig):
+            if _ready(pid, sig):
                 count += _signal_wrapper(pid, sig)
             elif ident is not None:  # one gone meanwhile is dropped
                 pending.append(ident)
@@ -160,16 +168,16 @@ def signal_ranks(roots: list[int], sig: int, wait: float = TRAP_WAIT) -> int:
 
 
 def signal_when_trapped(wrappers: list[Identity], sig: int, wait: float = TRAP_WAIT) -> int:
-    """Signal each rank wrapper (an :mod:`~poprun_py.hostside.identity` identity) once it
-    catches ``sig``, polling for ``wait`` seconds at most; one that ended (or whose pid now
-    names another process) is dropped, one still not catching ``sig`` then is left alone.
+    """Signal each rank wrapper (an :mod:`~poprun_py.hostside.identity` identity) once it is
+    ready (:func:`_ready`), polling for ``wait`` seconds at most; one that ended (or whose pid
+    now names another process) is dropped, one still not ready then is left alone.
     Return how many were signalled."""
     deadline, count, todo = time.monotonic() + wait, 0, list(wrappers)
     while todo:
         for ident in list(todo):
             if not same(ident) or not _is_rank_wrapper(ident[0]):
                 todo.remove(ident)
-            elif catches(ident[0], sig):
+            elif _ready(ident[0], sig):
                 todo.remove(ident)
                 count += _signal_wrapper(ident[0], sig)
         if not todo or time.monotonic() >= deadline:

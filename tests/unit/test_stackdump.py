@@ -220,6 +220,37 @@ def test_a_signal_for_a_wrapper_not_trapping_yet_reaches_it_once_it_traps(tmp_pa
         daemon.wait(timeout=10)
 
 
+TRAPPED_NOT_STARTED = (
+    'trap "echo usr2 >> $1" USR2; : > "$1.trapped"; while [ ! -e "$1.go" ]; do :; done; sleep 30'
+)
+"""A rank wrapper that has run its trap but not started its rank (builtins only, no fork) until
+``$1.go`` exists: a signal then would reach the shell alone, never the rank."""
+
+
+def test_a_wrapper_whose_rank_has_not_started_is_signalled_once_it_has(tmp_path: Path) -> None:
+    """A wrapper that traps but has not forked its rank yet is not signalled at once (the
+    signal would stop at the shell); it is signalled once its rank runs, and only then."""
+    out = tmp_path / "got"
+    wrapper = ["/bin/sh", "-c", TRAPPED_NOT_STARTED, "poprun-rank", str(out)]
+    daemon = subprocess.Popen([PY, "-c", DAEMON_OF_ONE, *wrapper], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "got.trapped").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert stackdump.signal_ranks([daemon.pid], signal.SIGUSR2) == 0  # trapping, no rank
+        time.sleep(0.2)  # the thread's polls meanwhile must not signal it
+        assert not out.exists()
+        (tmp_path / "got.go").touch()
+        while not out.exists():
+            assert time.monotonic() < deadline, "the signal was lost"
+            time.sleep(0.01)
+        assert out.read_text() == "usr2\n"  # once: its rank started, then it was signalled
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+
+
 def test_a_wrapper_that_never_traps_or_ends_is_given_up() -> None:
     """A wrapper still not trapping after the wait is left alone (not killed); one gone is
     dropped at once."""
