@@ -167,7 +167,7 @@ class AgentConnection:
         self.buffer = b""
         self.answered = False
         self.given_job = False  # the agent got its job: it exits after it, never reused
-        self.linger = False  # its job's header asks it to serve requests again after the job
+        self.linger = False  # asked to serve requests after the job (and, once over, it does)
         self.job_over = False  # it said "d": its job is over
         self._requests = 0
         self._lock = threading.Lock()  # one request at a time per agent
@@ -417,7 +417,10 @@ class AgentLink:
         if data:
             self.heard, self.heard_wall = time.monotonic(), time.time()
         *records, self.agent.buffer = (self.agent.buffer + data).split(b"\n")
-        self.agent.job_over = self.agent.job_over or P.DONE in records
+        for record in records:
+            if record in (P.DONE, P.DONE_LINGERING):
+                self.agent.job_over = True  # ``d linger``: it serves requests again; ``d``: exits
+                self.agent.linger = self.agent.linger and record == P.DONE_LINGERING
         return records, ended
 
     def pending(self) -> bool:

@@ -47,9 +47,10 @@ import sys
 import threading
 import time
 
-from poprun_py.hostside.private import private_dir, write_private  # bundled: the agent ships alone
+from poprun_py.hostside.private import write_files  # bundled: the agent ships alone
 from poprun_py.hostside.protocol import (  # bundled: the agent ships alone
     DONE,
+    DONE_LINGERING,
     DUMP_LINE,
     DUMP_RANKS_LINE,
     EXITED,
@@ -167,6 +168,8 @@ class Agent:
         self.paused = False  # poprun-py said it stops (Ctrl-Z): no silence limit until it speaks
         self.in_open = True  # False once poprun-py cannot hear us (stdin EOF, broken channel)
         self.stopping = False  # SIGTERM sent (asked, orphaned, or every instance ended)
+        self.told_to_stop = False  # poprun-py said term or kill: the job failed somewhere
+        self.serves_after = False  # said with its last record: it lingers after the job
         self.scanned = 0.0
         self.clean_at: float | None = None  # when no leftover was found any more
         self.wake_r, self.wake_w = os.pipe()
@@ -239,7 +242,8 @@ class Agent:
             for pipe in list(inst.pipes.values()):
                 self.close_pipe(inst, pipe)
         self.spawner.close()
-        self.emit(DONE)
+        self.serves_after = self.lingers()
+        self.emit(DONE_LINGERING if self.serves_after else DONE)
         if self.in_open:
             os.set_blocking(self.out_fd, True)
             self.flush()
@@ -285,6 +289,14 @@ class Agent:
         if now - self.sent >= self.heartbeat:
             self.emit(HEARTBEAT_LINE)
         self.update_interest()
+
+    def lingers(self) -> bool:
+        """Serve requests after the job? Only if its header says ``linger``, poprun-py still
+        listens, and this host's part succeeded (nothing is asked after a failure)."""
+        if not (self.header.get("linger") and self.in_open and self.in_fd == 0):
+            return False
+        spawned = len(self.instances) == len(self.header.get("instances", []))
+        return spawned and not self.told_to_stop and all(i.proc.code == 0 for i in self.instances)
 
     def all_reported(self) -> bool:
         """Every instance's end was reported."""
@@ -341,8 +353,10 @@ class Agent:
             line, _, rest = bytes(self.control).partition(b"\n")
             self.control = bytearray(rest)
             if line == TERM_LINE:
+                self.told_to_stop = True
                 self.stop()
             elif line == KILL_LINE:
+                self.told_to_stop = True
                 self.signal_all(signal.SIGKILL)
             elif line == PAUSE_LINE:
                 self.paused = True
@@ -476,20 +490,6 @@ class Agent:
         return left_behind([i.proc for i in self.instances], self.token)
 
 
-def write_files(items: list[dict[str, str]]) -> str:
-    """Write each ``{"path", "text"}`` (atomically, mode 0600, directories 0700, never through
-    a directory another user could tamper with: :mod:`poprun_py.hostside.private`); '' or what
-    went wrong."""
-    for item in items:
-        path, text = item["path"], item["text"]
-        try:
-            private_dir(os.path.dirname(os.path.abspath(path)))
-            write_private(path, text, durable=False)  # rewritten by every launch
-        except OSError as exc:
-            return f"cannot write {path}: {exc.strerror or exc}"
-    return ""
-
-
 def serve(fd: int = 0, idle: float = IDLE, data: bytes = b"") -> tuple[dict[str, Any], bytes]:
     """Answer ``run``/``put`` requests until the ``job`` line; return the job and the rest
     (``data``: what was read already).
@@ -558,13 +558,26 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: serve requests, then run the job, exit 0 -- or, when the job's header
-    says ``linger``, serve requests again until poprun-py closes stdin (it removes the job's
-    directory through this agent after a success: no second login session on the host).
+    says ``linger`` and this host's part succeeded, serve requests again until poprun-py
+    closes stdin (it removes the job's directory through this agent: no second login session).
 
     ``--no-stdin-eof`` (for local tests and the example): end of stdin after the job line is
     not taken to mean that poprun-py is gone.
+
+    It ends with ``os._exit`` once flushed: the interpreter's teardown cost ~2.5 ms of CPU.
     """
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        _serve_and_run(sys.argv[1:] if argv is None else argv)
+    except SystemExit as end:  # serve(): stdin ended, or stayed silent (poprun-py is gone)
+        code = end.code if isinstance(end.code, int) else 1 if end.code else 0
+    else:
+        code = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve_and_run(args: list[str]) -> None:
     header, rest = serve()
     in_fd = 0
     if "--no-stdin-eof" in args:
@@ -572,9 +585,8 @@ def main(argv: list[str] | None = None) -> None:
     agent = Agent(header, rest, in_fd=in_fd)
     agent.start()
     agent.run()
-    if header.get("linger") and agent.in_open and in_fd == 0:
+    if agent.serves_after:
         serve(0, IDLE, bytes(agent.control))  # exits at EOF; a second job is not taken
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ and into ``hostops`` when they ship, by :mod:`poprun_py.hostside.bundle`).
   (``durable``), renamed over the old file: a reader sees the old or the new text, never half,
   and two writers never collide.
 - :func:`open_private`: a log opened for appending lines (mode 0600; never through a symlink).
+- :func:`write_files`: a job's files, each by :func:`write_private` in a :func:`private_dir`.
 
 Example:
 
@@ -201,3 +202,16 @@ def open_private(path: str, append: bool = False) -> int:
         os.fchmod(fd, 0o600)
         return fd
     raise UnsafePath(path, f"{path} keeps being made by someone else")
+
+
+def write_files(items: list[dict[str, str]]) -> str:
+    """Write each ``{"path", "text"}`` of a job (the agent's): atomically, mode 0600, in
+    directories 0700 none of which another user could tamper with; '' or what went wrong."""
+    for item in items:
+        path, text = item["path"], item["text"]
+        try:
+            private_dir(os.path.dirname(os.path.abspath(path)))
+            write_private(path, text, durable=False)  # rewritten by every launch
+        except OSError as exc:
+            return f"cannot write {path}: {exc.strerror or exc}"
+    return ""

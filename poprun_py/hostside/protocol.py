@@ -79,6 +79,7 @@ STACKS = b"y"
 RANK_STACK = b"s"
 RANK_DUMPED = b"w"
 DONE = b"d"
+DONE_LINGERING = b"d linger"  # the job is over and the agent serves requests again
 INSTANCE_RECORDS = frozenset(
     (STARTED, STDOUT, STDERR, EXITED, KILLED, FAILED, NOT_STARTED, STACKS, RANK_STACK, RANK_DUMPED)
 )

@@ -221,7 +221,7 @@ def test_a_lingering_agent_answers_requests_after_its_job_until_stdin_closes(
     job_dir.mkdir()
     proc = agent({"instances": [{"index": 0, "argv": ["true"]}], "linger": True})
     assert proc.stdin is not None and proc.stdout is not None
-    while proc.stdout.readline().strip() != b"d":  # its records up to "d": the job is over
+    while proc.stdout.readline().strip() != b"d linger":  # the job is over; it serves again
         pass
     request = {"id": 1, "argv": ["rm", "-rf", "--", str(job_dir)], "env": {}, "timeout": 10}
     proc.stdin.write(b"run " + json.dumps(request).encode() + b"\n")
@@ -231,6 +231,24 @@ def test_a_lingering_agent_answers_requests_after_its_job_until_stdin_closes(
     assert proc.poll() is None  # still there: it ends when poprun-py closes its stdin
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "control"),
+    [(["false"], b""), (["sleep", "30"], b"term\n")],
+    ids=["its-instance-failed", "told-to-stop"],
+)
+def test_an_agent_asked_to_linger_exits_after_a_job_that_failed(
+    argv: list[str], control: bytes
+) -> None:
+    """Nothing follows a failed job (its directory is kept), so the agent does not linger:
+    ending a thousand lingering agents one by one cost the stop 2.4 s (issue 24)."""
+    proc = agent({"instances": [{"index": 0, "argv": argv}], "linger": True})
+    assert proc.stdin is not None
+    proc.stdin.write(control)
+    proc.stdin.flush()
+    assert proc.wait(timeout=15) == 0  # stdin still open
+    assert records(finish(proc))[-1] == "d"
 
 
 def test_an_agent_not_asked_to_linger_exits_after_its_job() -> None:
@@ -327,15 +345,17 @@ def test_the_agent_answers_dump_ranks_with_each_ranks_lines_and_how(tmp_path: Pa
 
 
 RANK_WAITS_FOR_USR2 = """
-import signal, sys, time
+import os, signal, sys, time
 got = []
 signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
-print("ready", sys.argv[1], flush=True)
+os.write(1, b"ready %s\\n" % sys.argv[1].encode())
 deadline = time.monotonic() + 20
 while not got and time.monotonic() < deadline:
     time.sleep(0.02)
-print("got usr2" if got else "no usr2", sys.argv[1], flush=True)
+os.write(1, b"%s %s\\n" % (b"got usr2" if got else b"no usr2", sys.argv[1].encode()))
 """
+"""A rank: each line in one write (``print`` writes its pieces one by one where
+``PYTHONUNBUFFERED`` is set, and the two ranks' pieces then interleave on the shared pipe)."""
 
 HYDRA_LIKE_DAEMON = """
 import subprocess, sys
