@@ -6,17 +6,18 @@ time from the failure until poprun-py has stopped everything (at most the grace 
 a search for the test user's processes left on the hosts, and whether any host was said lost.
 
 The test hosts (issue 24): one network namespace holding N addresses in 198.19.0.0/20 (inside the
-198.18.0.0/15 test range; the netns provider's clusters use 198.18.X.0/24), each answered by its
-own sshd (one sshd process per address, bound to it alone, in a PID namespace of its own: each
-host's /proc shows that host's processes, as a machine's does -- a shared one made every host's
-agent search every host's processes for what a job left behind). The root namespace reaches them
-through one veth pair and one route via the namespace's end, so there is no bridge (which takes
-at most 1,024 ports) and one neighbour entry instead of N (the kernel's default neighbour table
+198.18.0.0/15 test range; the netns provider's clusters use 198.18.X.0/24), each answered by its own
+sshd (one sshd process per address, bound to it alone, in PID and UTS namespaces of its own: each
+host has its own name, and its /proc shows that host's processes, as a machine's does -- a shared
+one made every host's agent search every host's processes for what a job left behind, and a shared
+name made Open MPI's 1,024 daemons write one session directory). The root namespace reaches them
+through one veth pair and one route via the namespace's end, so there is no bridge (which takes at
+most 1,024 ports) and one neighbour entry instead of N (the kernel's default neighbour table
 overflows at 1,024). This is honest for what is measured, the client: every host is a distinct
 address and a distinct sshd, so every tool makes N TCP connections, N key exchanges, N
-authentications and N sessions, and nothing is shared between hosts on the client side. What is
-not real: the hosts' sshds run on the same 2 cores as the tool, so the hosts' work (the same for
-every tool) slows every tool alike.
+authentications and N sessions, and nothing is shared between hosts on the client side. What is not
+real: the hosts' sshds run on the same 2 cores as the tool, so the hosts' work (the same for every
+tool) slows every tool alike.
 
 Logins are as a test user made for the run, ``poprunbench``, whose login shell is /bin/sh (dash)
 with no rc files, so the shell does no extra work (root's ~/.bashrc costs ~0.1 s of CPU a login).
@@ -151,11 +152,16 @@ def start_sshds(directory: Path, count: int) -> None:
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     # Each sshd in a PID namespace of its own (with its own /proc), as each machine has: an
     # agent's search of /proc for what a job left behind sees that host's processes only, not
-    # every host's (which would make each host's work grow with the number of hosts).
-    script = (
-        f"unshare --pid --fork --mount-proc {SSHD} -D -f {config} -E {directory / 'sshd.log'} "
-        f'-o ListenAddress="$1" -o PidFile={pids}/"$1".pid </dev/null >/dev/null 2>&1 &'
+    # every host's (which would make each host's work grow with the number of hosts). And a
+    # host name of its own (a UTS namespace): Open MPI's daemons name their session directory
+    # in /tmp after the host, and 1,024 daemons writing one directory's files crashed them.
+    host = directory / "host.sh"
+    host.write_text(
+        'hostname "h$(echo "$1" | tr . -)" && '
+        f"exec {SSHD} -D -f {config} -E {directory / 'sshd.log'} "
+        f'-o ListenAddress="$1" -o PidFile={pids}/"$1".pid\n'
     )
+    script = f'unshare --pid --uts --fork --mount-proc sh {host} "$1" </dev/null >/dev/null 2>&1 &'
     addresses = "\n".join(address(i) for i in range(count)) + "\n"
     # The hosts get a /tmp of their own (one tmpfs in a mount namespace), as separate machines
     # would: the launcher's /tmp/poprun-py-0 here is root's, not the test user's.

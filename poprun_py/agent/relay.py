@@ -1,7 +1,7 @@
 """The poprun-py end of :mod:`poprun_py.hostside.rsh_shim`: Open MPI's daemons start through the
 agents.
 
-A remote mpirun launch renders ``--mca plm_rsh_agent "<python> -S -I rsh_shim.py"``
+A remote mpirun launch renders ``--mca plm_rsh_agent "/usr/bin/env <python> -S -I rsh_shim.py"``
 (see :func:`poprun_py.hostside.rsh_shim.mpirun_args`). :class:`RshRelay` listens on a Unix socket
 (mode 0600, in a private temporary directory) that mpirun's environment names to the shim as
 ``POPRUN_RSH_SOCKET`` -- never an argv, so ``--dry-run`` prints exactly what runs. Each shim

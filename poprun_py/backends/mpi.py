@@ -66,7 +66,7 @@ def mpirun_args_for(prep: Prepared) -> tuple[str, ...]:
     if not prep.plan.cluster.all_local:
         from poprun_py.hostside.rsh_shim import mpirun_args
 
-        relay = mpirun_args(prep.mpi_args)
+        relay = mpirun_args(prep.mpi_args, hosts=len(prep.plan.cluster.hosts))
         if relay:
             return (*prep.mpi_args, *relay)
     config = prep.plan.cluster.ssh_config

@@ -383,10 +383,11 @@ class SshRun:
             self.sel.unregister(link.agent.stream)
 
     def stop(self) -> None:
-        """SIGTERM everywhere now; SIGKILL after the grace period."""
+        """SIGTERM everywhere now; SIGKILL after the grace period (``stop``: the job failed or
+        was interrupted, so no agent lingers after it to remove the job's directory)."""
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.timing.grace
-            self.send(P.TERM_LINE)
+            self.send(P.STOP_LINE)
 
     def signal(self, signum: int) -> None:
         """Every agent sends ``signum`` to its instances' process groups (``sig N``)."""

@@ -75,6 +75,7 @@ from poprun_py.hostside.protocol import (  # bundled: the agent ships alone
     STARTED,
     STDERR,
     STDOUT,
+    STOP_LINE,
     TERM_LINE,
     dump_indexes,
     record,
@@ -168,7 +169,7 @@ class Agent:
         self.paused = False  # poprun-py said it stops (Ctrl-Z): no silence limit until it speaks
         self.in_open = True  # False once poprun-py cannot hear us (stdin EOF, broken channel)
         self.stopping = False  # SIGTERM sent (asked, orphaned, or every instance ended)
-        self.told_to_stop = False  # poprun-py said term or kill: the job failed somewhere
+        self.failed = False  # an instance failed by itself, or poprun-py said stop: no linger
         self.serves_after = False  # said with its last record: it lingers after the job
         self.scanned = 0.0
         self.clean_at: float | None = None  # when no leftover was found any more
@@ -295,8 +296,7 @@ class Agent:
         listens, and this host's part succeeded (nothing is asked after a failure)."""
         if not (self.header.get("linger") and self.in_open and self.in_fd == 0):
             return False
-        spawned = len(self.instances) == len(self.header.get("instances", []))
-        return spawned and not self.told_to_stop and all(i.proc.code == 0 for i in self.instances)
+        return not self.failed and len(self.instances) == len(self.header.get("instances", []))
 
     def all_reported(self) -> bool:
         """Every instance's end was reported."""
@@ -312,6 +312,7 @@ class Agent:
             code = inst.poll() if not inst.reported else None
             if code is not None:
                 inst.reported = True
+                self.failed |= code != 0 and not self.stopping  # not one we stopped
                 self.emit(
                     record(KILLED, inst.index, -code)
                     if code < 0
@@ -352,11 +353,10 @@ class Agent:
         while b"\n" in self.control:
             line, _, rest = bytes(self.control).partition(b"\n")
             self.control = bytearray(rest)
-            if line == TERM_LINE:
-                self.told_to_stop = True
+            if line in (TERM_LINE, STOP_LINE):
+                self.failed |= line == STOP_LINE
                 self.stop()
             elif line == KILL_LINE:
-                self.told_to_stop = True
                 self.signal_all(signal.SIGKILL)
             elif line == PAUSE_LINE:
                 self.paused = True

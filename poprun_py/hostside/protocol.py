@@ -14,17 +14,18 @@ poprun-py to the agent (its stdin):
 2. ``job {json}``: the host's part of the job (``files``, ``instances`` -- ``index``, ``argv``,
    ``env``, ``cwd``, and ``cpus``/``mems`` when bound -- and the timings);
 3. control lines: ``h`` (heartbeat), ``term`` (SIGTERM now, SIGKILL after the grace period),
-   ``kill`` (SIGKILL now), ``sig N`` (signal N to every running instance's process group, and
-   nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``sigr N`` (signal N to the ranks
-   of every running instance, an MPICH daemon relayed (:mod:`poprun_py.agent.relay`): each
-   rank wrapper's process group, never the daemon, which would die of SIGUSR2), ``dump F``
-   (a hung job's stacks: ``py-spy dump`` of every running instance's Python processes where
-   py-spy is on the agent's PATH, sent as that instance's stderr lines; SIGUSR1 to the others
-   among ``F``, the comma-separated indexes that registered faulthandler, ``-`` for none),
-   ``dump-ranks`` (the same for an MPI daemon's ranks, relayed: ``py-spy dump`` of every
-   Python process of the instances' trees, each filed under its rank from its environment,
-   ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends the answer;
-   no SIGUSR1: the launcher decides), ``pause`` (poprun-py is about to be stopped, Ctrl-Z: its
+   ``stop`` (the same, because the job failed or was interrupted: nothing follows the job, so the
+   agent does not linger after it), ``kill`` (SIGKILL now), ``sig N`` (signal N to every running
+   instance's process group, and nothing else: SIGUSR1/SIGUSR2 forwarded by poprun-py), ``sigr N``
+   (signal N to the ranks of every running instance, an MPICH daemon relayed
+   (:mod:`poprun_py.agent.relay`): each rank wrapper's process group, never the daemon, which would
+   die of SIGUSR2), ``dump F`` (a hung job's stacks: ``py-spy dump`` of every running instance's
+   Python processes where py-spy is on the agent's PATH, sent as that instance's stderr lines;
+   SIGUSR1 to the others among ``F``, the comma-separated indexes that registered faulthandler,
+   ``-`` for none), ``dump-ranks`` (the same for an MPI daemon's ranks, relayed: ``py-spy dump`` of
+   every Python process of the instances' trees, each filed under its rank from its environment,
+   ``s``/``w`` records, then ``y IDX none`` for each running instance, which ends the answer; no
+   SIGUSR1: the launcher decides), ``pause`` (poprun-py is about to be stopped, Ctrl-Z: its
    silence does not count until its next line). End of input means poprun-py is gone: stop
    everything.
 
@@ -40,6 +41,9 @@ The agent to poprun-py (its stdout), about the job::
     s RANK TEXT    one line of rank RANK's stacks (after ``dump-ranks``, before the ``y``)
     w RANK HOW     rank RANK was found and dumped (HOW py-spy) or not (none), before the ``y``
     d              every instance has ended and nothing is left; the agent exits
+    d linger       the same, and the agent serves requests again until its stdin ends (its
+                   header said ``linger``, and its part succeeded: no instance failed by
+                   itself, none was not started, no ``stop`` came)
 
 Example:
 
@@ -61,6 +65,7 @@ JOB = b"job"
 
 HEARTBEAT_LINE = b"h"
 TERM_LINE = b"term"
+STOP_LINE = b"stop"  # term, because the job failed or was interrupted: no linger after it
 KILL_LINE = b"kill"
 PAUSE_LINE = b"pause"  # poprun-py stops (Ctrl-Z): no silence limit until its next line
 SIGNAL_LINE = b"sig"  # ``sig N``

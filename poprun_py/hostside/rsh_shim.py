@@ -4,9 +4,9 @@
 A remote ``--backend mpirun`` launch already has one agent per host
 (:mod:`poprun_py.hostside.agent`, started over its SSH connection for preflight). Rather than
 let Open MPI open one more SSH connection and login session per host, poprun-py runs mpirun with
-``--mca plm_rsh_agent "<python> -S -I <this file>"`` and ``POPRUN_RSH_SOCKET`` naming a Unix
-socket it serves (:mod:`poprun_py.agent.relay`). Open MPI runs this script as it would run
-ssh, ``[SSH OPTIONS] HOST COMMAND WORDS...``, and the script:
+``--mca plm_rsh_agent "/usr/bin/env <python> -S -I <this file>"`` and ``POPRUN_RSH_SOCKET``
+naming a Unix socket it serves (:mod:`poprun_py.agent.relay`). Open MPI runs this script as it
+would run ssh, ``[SSH OPTIONS] HOST COMMAND WORDS...``, and the script:
 
 1. skips the ssh options (and the argument of those that take one, per ssh(1));
 2. sends ``HOST``, NUL, ``COMMAND WORDS`` joined by spaces, NUL to the socket (no argument can
@@ -136,19 +136,30 @@ def run(args: Sequence[str], path: str | None) -> int:
 RELAYED_PARAMS = ("rsh_agent", "assume_same_shell")
 """mpirun options (``--mca ...``, ``OMPI_MCA_...``) by which the user chose how daemons start."""
 CSH_SHELLS = frozenset(("csh", "tcsh"))
+CONCURRENT = "plm_rsh_num_concurrent"
+RSH_CONCURRENT = 128  # Open MPI's default number of daemons started at once
+
+
+ENV = "/usr/bin/env"
+"""The agent's first word: every Open MPI daemon looks ``plm_rsh_agent``'s first word up on its
+own host, even with no tree spawn, and aborts (4.1.4 then segfaults) where it is missing -- as
+the launcher's Python is on hosts that do not share its path (a venv, pyenv under ``/root``):
+every ``launch --backend mpirun`` on such hosts failed with exit 139."""
 
 
 def agent_command(python: str = sys.executable, shell: str | None = None) -> str | None:
-    """``<python> -S -I <this file>`` for ``plm_rsh_agent``, or None when Open MPI could not use
-    it: whitespace or ':' in a path (Open MPI splits the value into words on whitespace and into
-    alternatives on ':'), or a csh-like local login shell (Open MPI then writes the remote
-    command in csh syntax, which the agents' ``/bin/sh`` cannot run)."""
+    """``/usr/bin/env <python> -S -I <this file>`` for ``plm_rsh_agent`` (without ``env`` where
+    this host has none: :data:`ENV`), or None when Open MPI could not use it: whitespace or ':'
+    in a path (Open MPI splits the value into words on whitespace and into alternatives on
+    ':'), or a csh-like local login shell (Open MPI then writes the remote command in csh
+    syntax, which the agents' ``/bin/sh`` cannot run)."""
     here = os.path.abspath(__file__)
     if not python or any(c.isspace() or c == ":" for c in python + here):
         return None
     if os.path.basename(shell if shell is not None else _login_shell()) in CSH_SHELLS:
         return None
-    return f"{python} -S -I {here}"
+    lead = f"{ENV} " if os.access(ENV, os.X_OK) else ""
+    return f"{lead}{python} -S -I {here}"
 
 
 def _login_shell() -> str:
@@ -161,22 +172,27 @@ def _login_shell() -> str:
 
 
 def mpirun_args(
-    user_args: Sequence[str], environ: Mapping[str, str] = os.environ
+    user_args: Sequence[str], environ: Mapping[str, str] = os.environ, hosts: int = 0
 ) -> tuple[str, ...]:
     """The mpirun options that start Open MPI's daemons through this script: the agent, no tree
     spawn (mpirun starts every daemon itself: the relay is on this machine only) and sessions
     left attached (without it, a daemon started that way daemonizes and leaves the agent's
-    session at once). ``()`` when the user chose (``--mca`` or ``OMPI_MCA_``) how daemons start,
-    or :func:`agent_command` is None."""
+    session at once). Past :data:`RSH_CONCURRENT` ``hosts``, as many concurrent daemon starts
+    as hosts: with sessions attached each start lasts as long as its daemon, so Open MPI refuses
+    fewer (and 4.1.4 then segfaults), unless the user chose a number. ``()`` when the user chose
+    (``--mca`` or ``OMPI_MCA_``) how daemons start, or :func:`agent_command` is None."""
     chosen = [a for a in user_args if any(p in a for p in RELAYED_PARAMS)]
     chosen += [k for k in environ if k.startswith("OMPI_MCA_") and "rsh_agent" in k]
     command = agent_command()
     if chosen or command is None:
         return ()
+    given = any(CONCURRENT in a for a in [*user_args, *environ])
+    concurrent = ("--mca", CONCURRENT, str(hosts)) if hosts > RSH_CONCURRENT and not given else ()
     return (
         *("--mca", "plm_rsh_agent", command),
         *("--mca", "plm_rsh_no_tree_spawn", "1"),
         *("--mca", "orte_leave_session_attached", "1"),
+        *concurrent,
     )
 
 

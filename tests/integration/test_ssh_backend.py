@@ -234,21 +234,38 @@ def test_a_lingering_agent_answers_requests_after_its_job_until_stdin_closes(
 
 
 @pytest.mark.parametrize(
-    ("argv", "control"),
-    [(["false"], b""), (["sleep", "30"], b"term\n")],
-    ids=["its-instance-failed", "told-to-stop"],
+    ("argvs", "control"),
+    [([["false"]], b""), ([["sleep", "30"]], b"stop\n"), ([["true"], ["/nonexistent/x"]], b"")],
+    ids=["its-instance-failed", "told-the-job-failed", "one-not-started"],
 )
 def test_an_agent_asked_to_linger_exits_after_a_job_that_failed(
-    argv: list[str], control: bytes
+    argvs: list[list[str]], control: bytes
 ) -> None:
     """Nothing follows a failed job (its directory is kept), so the agent does not linger:
     ending a thousand lingering agents one by one cost the stop 2.4 s (issue 24)."""
-    proc = agent({"instances": [{"index": 0, "argv": argv}], "linger": True})
+    instances = [{"index": i, "argv": argv} for i, argv in enumerate(argvs)]
+    proc = agent({"instances": instances, "linger": True})
     assert proc.stdin is not None
     proc.stdin.write(control)
     proc.stdin.flush()
     assert proc.wait(timeout=15) == 0  # stdin still open
     assert records(finish(proc))[-1] == "d"
+
+
+def test_an_agent_stopped_with_term_still_lingers() -> None:
+    """``term`` is also how a daemon's end is relayed under mpirun (:mod:`poprun_py.agent.relay`),
+    after a success: the agent still lingers then, and its instance killed by that SIGTERM is no
+    failure of its own."""
+    proc = agent({"instances": [{"index": 0, "argv": ["sleep", "30"]}], "linger": True})
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline().startswith(b"p 0 ")
+    proc.stdin.write(b"term\n")
+    proc.stdin.flush()
+    while (line := proc.stdout.readline().strip()) not in (b"d", b"d linger", b""):
+        pass
+    assert line == b"d linger"
+    proc.stdin.close()  # it ends with its stdin
+    assert proc.wait(timeout=10) == 0
 
 
 def test_an_agent_not_asked_to_linger_exits_after_its_job() -> None:

@@ -146,6 +146,25 @@ def test_mpirun_args_name_the_script_unless_the_user_chose_an_agent() -> None:
     assert mpirun_args((), environ={"OMPI_MCA_plm_rsh_agent": "ssh"}) == ()
 
 
+def test_past_128_hosts_mpirun_starts_as_many_daemons_at_once_as_hosts() -> None:
+    """With sessions attached, Open MPI refuses fewer concurrent starts than daemons (and
+    4.1.4 segfaulted at 1,024 hosts): one per host past its default of 128, unless chosen."""
+    assert mpirun_args((), environ={}, hosts=128) == mpirun_args((), environ={})
+    args = mpirun_args((), environ={}, hosts=1024)
+    assert args[-3:] == ("--mca", "plm_rsh_num_concurrent", "1024")
+    mine = ("--mca", "plm_rsh_num_concurrent", "64")
+    assert "1024" not in mpirun_args(mine, environ={}, hosts=1024)
+    env = {"OMPI_MCA_plm_rsh_num_concurrent": "64"}
+    assert "1024" not in mpirun_args((), environ=env, hosts=1024)
+
+
+def test_the_agent_command_starts_with_env_which_every_host_has() -> None:
+    """Open MPI's daemons look the agent's first word up on their own host and abort where it
+    is missing (the launcher's venv Python): ``/usr/bin/env`` is on every host."""
+    command = agent_command("/opt/venv/bin/python", shell="/bin/sh")
+    assert command == f"/usr/bin/env /opt/venv/bin/python -S -I {rsh_shim.__file__}"
+
+
 def test_no_agent_command_that_open_mpi_would_split_or_run_with_csh() -> None:
     assert agent_command("/opt/my python/bin/python3", shell="/bin/bash") is None
     assert agent_command("/opt/a:b/python3", shell="/bin/bash") is None
