@@ -24,7 +24,13 @@ with no rc files, so the shell does no extra work (root's ~/.bashrc costs ~0.1 s
 
 Local CPU is the tool's and every process it started (its ssh clients): ``wait4``'s rusage of
 the tool's process tree. Max RSS is the largest single process of that tree (``ru_maxrss``), not
-the sum: for pdsh and clush, each host's ssh client is a process of its own.
+the sum: for pdsh and clush, each host's ssh client is a process of its own. "Its own process's"
+is the tool's process alone (``/proc/PID/stat``, sampled every 20 ms until it exits): for a tree
+(``--fanout K``, about the square root of the hosts as gateways) the target is 2 ms a host. A
+tree's gateways run as the hosts' processes, so their ssh clients' CPU is in neither column: on
+this one machine the gateways and the hosts' sshds share the launcher's two cores. clush's own
+gateway mode is not run: it needs ClusterShell on every gateway host, and the test user cannot
+reach this machine's (the launcher's Python is under /root).
 
 Needs root; removes everything it made (namespace, veth, sshds, user, files) at the end, and
 ``--cleanup`` removes what a killed run left. Not a test: run it by hand.
@@ -46,6 +52,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,6 +116,9 @@ def make_keys(directory: Path) -> list[str]:
     for key in ("host_key", "client_key"):
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key))
     (directory / "authorized_keys").write_text((directory / "client_key.pub").read_text())
+    # the test user's: a tree's gateways (--fanout) log in to the other hosts with it, as that
+    # user (root, here the launcher, still reads it)
+    shutil.chown(directory / "client_key", USER, USER)
     return (directory / "host_key.pub").read_text().split()[:2]
 
 
@@ -239,6 +249,11 @@ def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], 
         "poprun-py exec": ([*exec_argv, "--", "true"], env),
         "poprun-py exec/openssh": ([*exec_argv, "--ssh-client", "openssh", "--", "true"], env),
     }
+    tree = ["--fanout", str(gateways(count))]
+    cmds[f"poprun-py exec/tree (fanout {gateways(count)})"] = (
+        [*exec_argv, *tree, "--", "true"],
+        env,
+    )
     if launch:
         by_address = ",".join(address(i) for i in range(count))  # mpirun resolves names itself
         for backend, hosts_given in (("ssh", expr), ("mpirun", by_address)):
@@ -246,6 +261,8 @@ def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], 
                 continue
             argv = [*console_script(), "launch", "--backend", backend, "-H", hosts_given]
             cmds[f"poprun-py launch/{backend}"] = ([*argv, "--ssh-config", cfg, "true"], env)
+            label = f"poprun-py launch/{backend}/tree (fanout {gateways(count)})"
+            cmds[label] = ([*argv, "--ssh-config", cfg, *tree, "true"], env)
     clush = shutil.which("clush", path=str(Path(sys.executable).parent)) or shutil.which("clush")
     if clush:
         cmds["clush (flat)"] = ([clush, "-S", "-w", expr, "-o", f"-F {cfg}", "true"], env)
@@ -255,6 +272,12 @@ def tools(hosts: Hosts, count: int, launch: bool) -> dict[str, tuple[list[str], 
     return cmds
 
 
+def gateways(count: int) -> int:
+    """A tree's gateways for ``count`` hosts: about the square root (16 for 256, 32 for 1,024),
+    so that the launcher and each gateway serve about as many connections."""
+    return max(1, round(count**0.5))
+
+
 @dataclass(frozen=True)
 class Measured:
     wall: float
@@ -262,6 +285,22 @@ class Measured:
     max_rss_mib: float
     exit_code: int
     said: str
+    own_cpu: float = float("nan")  # the tool's own process alone, without its children
+
+
+def own_cpu(pid: int, seen: list[float]) -> None:
+    """Sample the process's own user + system CPU (``/proc/PID/stat``) until it exits; the
+    last sample is ``seen[0]`` (at most one sampling period short)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    while True:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return
+        if fields[0] == "Z":
+            return
+        seen[:] = [(int(fields[11]) + int(fields[12])) / ticks]
+        time.sleep(0.02)
 
 
 def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
@@ -269,7 +308,11 @@ def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
     with open(log, "w+") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        seen: list[float] = [float("nan")]
+        sampler = threading.Thread(target=own_cpu, args=(proc.pid, seen), daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        sampler.join()
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -279,7 +322,7 @@ def measure(argv: list[str], env: dict[str, str], log: Path) -> Measured:
     if proc.returncode != 0:
         shown = lines if len(lines) <= 16 else [*lines[:4], "...", *lines[-12:]]
         print("\n".join(f"    {line}" for line in shown), file=sys.stderr)
-    return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said)
+    return Measured(wall, cpu, usage.ru_maxrss / 1024, proc.returncode, said, seen[0])
 
 
 # ---------------------------------------------------------------- stopping at scale
@@ -361,9 +404,9 @@ def available_mib() -> int:
 
 def row(count: int, label: str, got: Measured) -> str:
     result = "ok" if got.exit_code == 0 else f"exit {got.exit_code}: {got.said}"
-    per_host = 1000 * got.cpu / count
+    per_host, own = 1000 * got.cpu / count, 1000 * got.own_cpu / count
     return (
-        f"| {count:,} | {label} | {got.wall:.2f} s | {per_host:.1f} ms | "
+        f"| {count:,} | {label} | {got.wall:.2f} s | {per_host:.1f} ms | {own:.1f} ms | "
         f"{got.max_rss_mib:.0f} MiB | {result} |"
     )
 
@@ -390,8 +433,8 @@ def main() -> None:
     took, used = time.perf_counter() - t0, free - available_mib()
     print(f"{most:,} test hosts up in {took:.1f} s, using {used:,} MiB ({hosts.directory})")
     try:
-        print("| hosts | tool | wall | local CPU per host | max RSS | result |")
-        print("|---|---|---|---|---|---|")
+        print("| hosts | tool | wall | local CPU per host | its own process's | max RSS | result |")
+        print("|---|---|---|---|---|---|---|")
         for count in sorted(args.hosts):
             cmds = tools(hosts, count, args.launch)
             for _ in range(args.runs):

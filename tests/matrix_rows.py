@@ -146,6 +146,9 @@ ROWS: Mapping[str, Row] = {
         lambda d: str(d.prep.plan.cluster.ssh_config).endswith("/ssh_config"),
     ),
     "ssh_client": Row(("--ssh-client", "openssh"), lambda d: _ssh(d).ssh_client == "openssh"),
+    "fanout": Row(
+        ("--fanout", "1"), lambda d: _ssh(d).fanout == 1, backends=("ssh", "mpirun", "mpiexec")
+    ),
     "identity": Row(
         ("--identity", "{d}/id_key"), lambda d: str(_ssh(d).identity_file).endswith("/id_key")
     ),

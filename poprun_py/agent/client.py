@@ -20,6 +20,7 @@ Example::
 
 Run as a doctest (tests/unit/test_docstrings.py)::
 
+    >>> from poprun_py.hostside.bundle import payload
     >>> source = payload("agent").source  # what travels to a host, with its compiled code
     >>> b"from poprun_py" in source, b"def bound(" in source
     (False, True)
@@ -42,7 +43,7 @@ from poprun_py.agent.stream import Stream
 from poprun_py.core.result import HOST_TIMEOUT
 from poprun_py.errors import Fault, PreflightError
 from poprun_py.hostside import protocol as P
-from poprun_py.hostside.bundle import over_stdin, payload, warm_up
+from poprun_py.hostside.bundle import over_stdin, warm_up
 from poprun_py.hostside.supervision import readable
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class AgentConnection:
         agent = cls(conn.name, stream, failure)
         agent.linger = linger
         try:
-            stream.write(payload("agent").data)
+            conn.send_program(stream, "agent")
         except OSError:  # the transport ended: it could not connect, or the host refused
             if failure is None:
                 raise

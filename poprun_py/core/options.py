@@ -159,6 +159,11 @@ _ENTRIES = (
          "SSH transport (default: the cluster spec's, else auto: OpenSSH's ssh for a host whose "
          "ssh configuration needs it, such as host-based or GSSAPI authentication or "
          "KnownHostsCommand, else Paramiko).", "ssh.client", EVERY),
+    Flag("fanout", ("--fanout",), Int, None, H_SSH, "Connect to K hosts only, the gateways: "
+         "each starts the others' agents and commands over its own OpenSSH client (a tree, "
+         "as Open MPI's tree spawn; needs SSH between the hosts). Default: flat, every host "
+         "from here.", None, (*LAUNCHING, "exec"), least=1,
+         batch="the batch job's srun reaches its nodes without SSH"),
     Flag("identity", ("--identity",), Str, None, H_SSH, "Private key for hosts that name none.",
          None, EVERY, path="path"),
     Flag("user", ("--user", "-l"), Str, None, H_SSH, "Login user for hosts that name none.",

@@ -215,3 +215,4 @@ class SshOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float | None = None
     ssh_client: str | None = None
+    fanout: int | None = None

@@ -5,6 +5,8 @@ shipped to a host that has nothing of poprun-py (the client imports them too).
 - :mod:`~poprun_py.hostside.hostops`: a detached job's operations on its hosts (jobs/logs/stop);
 - :mod:`~poprun_py.hostside.check_instance`: ``check``'s program, run as every instance;
 - :mod:`~poprun_py.hostside.rsh_shim`: mpirun's and mpiexec's rsh agent;
+- :mod:`~poprun_py.hostside.gateway`: a tree's gateway (``--fanout``), its subtree's ``ssh``
+  clients relayed;
 - their parts: :mod:`~poprun_py.hostside.binding` (CPU and memory binding syscalls),
   :mod:`~poprun_py.hostside.identity` (a process by pid and start time),
   :mod:`~poprun_py.hostside.private` (files only their owner reads),

@@ -86,6 +86,7 @@ class LaunchOptions:
     known_hosts: str | None = None
     ssh_config: str | None = None
     ssh_client: str | None = None
+    fanout: int | None = None
     identity: str | None = None
     user: str | None = None
     accept_new_host_keys: bool = False

@@ -3,6 +3,8 @@
 ``exec`` fan-out (:mod:`~poprun_py.ssh.fanout`) and ``sync`` (:mod:`~poprun_py.ssh.sync`).
 Two transports: Paramiko, and OpenSSH's own client (:mod:`~poprun_py.ssh.openssh`,
 ``--ssh-client``); the agents' byte streams over either are in :mod:`~poprun_py.ssh.streams`.
+A tree (``--fanout K``, :mod:`~poprun_py.ssh.tree`) reaches most hosts through K gateways,
+whose OpenSSH clients it runs there.
 
 Example:
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from poprun_py.core.spec import HostSpec
+from poprun_py.hostside.bundle import payload
 from poprun_py.hostside.supervision import readable
 from poprun_py.ssh.commands import env_block, remote_command
 from poprun_py.ssh.errors import Cancelled, ConnectionLost, RemoteTimeout, TransportError
@@ -139,6 +140,11 @@ class Connection:
         """The transport seam: ``argv`` (an agent's bootstrap) started on a new channel, as
         a :class:`~poprun_py.ssh.streams.Stream`."""
         return ChannelStream(self.start(argv))
+
+    def send_program(self, stream: Stream, entry: str) -> None:
+        """Send the program ``entry`` of :mod:`poprun_py.hostside` (its payload) to the
+        bootstrap ``stream`` started (:meth:`agent_stream`); OSError when it is broken."""
+        stream.write(payload(entry).data)
 
     def agent_failure(self, stream: Stream) -> Callable[[], TransportError] | None:
         """Why ``stream`` (from :meth:`agent_stream`) ended before its agent said a word, typed

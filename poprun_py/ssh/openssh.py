@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from poprun_py.core.spec import HostSpec
 from poprun_py.errors import Fault, PreflightError
@@ -67,6 +67,7 @@ from poprun_py.ssh.streams import ProcessStream, Stream, end_process
 if TYPE_CHECKING:
     import paramiko
 
+THROUGH = "through gateway "  # the reason a tree's host (poprun_py.ssh.tree) uses OpenSSH
 POLL = 0.1  # how often a running command looks at its deadline and cancel event
 _YES = ("yes", "true")
 _AUTH = ("Permission denied", "Too many authentication failures")
@@ -162,12 +163,18 @@ def over_openssh(connections: Iterable[Connection]) -> str:
     from ClusterShell.NodeSet import NodeSet
 
     why: dict[str, list[str]] = {}
+    gateways: dict[str, list[str]] = {}  # a tree's: gateway -> its hosts
     for conn in connections:
-        if isinstance(conn, OpenSshConnection):
+        if isinstance(conn, OpenSshConnection) and conn.why.startswith(THROUGH):
+            gateways.setdefault(conn.why.removeprefix(THROUGH), []).append(conn.name)
+        elif isinstance(conn, OpenSshConnection):
             why.setdefault(conn.why, []).append(conn.name)
-    if not why:
+    if not why and not gateways:
         return ""
     parts = [f"{NodeSet.fromlist(names)} ({reason})" for reason, names in why.items()]
+    if gateways:
+        hosts = NodeSet.fromlist([name for names in gateways.values() for name in names])
+        parts.append(f"{hosts} (on their gateways {NodeSet.fromlist(list(gateways))}: --fanout)")
     return "over OpenSSH's ssh: " + "; ".join(parts)
 
 
@@ -224,20 +231,11 @@ def transport_error(name: str, stderr: str) -> TransportError:
     return ConnectionLost(name, detail)
 
 
-class SaidStream(Protocol):
-    """A stream of an ``ssh`` process (:class:`~poprun_py.ssh.streams.ProcessStream`)."""
-
-    process: subprocess.Popen[bytes]
-
-    def said(self, wait: float = 2.0) -> str:
-        """What ssh said on stderr, once it exited."""
-
-
-def ssh_failure(name: str, stream: SaidStream) -> TransportError:
-    """Why an agent's ``ssh`` ended before the agent answered: ssh's own failure (exit 255)
-    typed from what it said, else the remote command's last words (no python3...)."""
-    said = stream.said()
-    if stream.process.returncode == 255:
+def ssh_failure(name: str, said: str, code: int | None) -> TransportError:
+    """Why an agent's ``ssh`` ended before the agent answered, from what it ``said`` on stderr
+    and its exit ``code``: ssh's own failure (exit 255) typed, else the remote command's last
+    words (no python3...)."""
+    if code == 255:
         return transport_error(name, said)
     lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
     if lines:
@@ -293,7 +291,7 @@ class OpenSshConnection(Connection):
         """ssh's own refusal (typed: unreachable, host key, auth), from what it said."""
         if not isinstance(stream, ProcessStream):
             return None
-        return lambda: ssh_failure(self.name, stream)
+        return lambda: ssh_failure(self.name, stream.said(), stream.process.returncode)
 
     def open_channel(self) -> paramiko.Channel:
         """No Paramiko channels over the OpenSSH client."""
@@ -352,8 +350,20 @@ class OpenSshConnection(Connection):
         started = time.monotonic()
         command = remote_command(argv, env, cwd, report_pid=True)
         child = self._start(command, env)
-        run = _Run(child, on_output)
+        run = RunOutput(child, on_output)
         threading.Thread(target=_feed, args=(child, stdin), daemon=True).start()
+        return self._finish(run, argv, started, timeout, cancel)
+
+    def _finish(
+        self,
+        run: RunOutput,
+        argv: Sequence[str],
+        started: float,
+        timeout: float | None,
+        cancel: threading.Event | None,
+    ) -> RemoteResult:
+        """Wait for ``run``'s end (or its timeout, or ``cancel``) and give its outcome."""
+        child = run.child
         deadline = None if timeout is None else started + timeout
         status = run.wait(deadline, cancel)
         if status != "done":
@@ -388,7 +398,7 @@ class OpenSshConnection(Connection):
             self._children = {c for c in self._children if c.poll() is None} | {child}
         return child
 
-    def _end(self, run: _Run) -> None:
+    def _end(self, run: RunOutput) -> None:
         """SIGTERM the remote group (SIGKILL after the grace), then end the local ssh."""
         if run.pid is not None and run.pid > 0:
             self.signal_group(run.pid, "TERM")
@@ -458,18 +468,21 @@ def _feed(child: subprocess.Popen[bytes], data: bytes | None) -> None:
         child.stdin.close()
 
 
-class _Run:
+class RunOutput:
     """One ``ssh`` process's output, read by two threads; the remote pid from the first line."""
 
-    def __init__(self, child: subprocess.Popen[bytes], on_output: OutputFn | None):
+    def __init__(
+        self, child: subprocess.Popen[bytes], on_output: OutputFn | None, pump: bool = True
+    ):
         self.child, self.on_output = child, on_output
         self.pid: int | None = None
         self.out, self.err, self._head = bytearray(), bytearray(), bytearray()
         self._held = bytearray()
         self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._pump, args=(child.stdout, "stdout"), daemon=True),
-            threading.Thread(target=self._pump, args=(child.stderr, "stderr"), daemon=True),
+        pipes = ((child.stdout, "stdout"), (child.stderr, "stderr")) if pump else ()
+        self._threads = [  # without ``pump``, whoever has the output gives it to :meth:`take`
+            threading.Thread(target=self._pump, args=(pipe, name), daemon=True)
+            for pipe, name in pipes
         ]
         for thread in self._threads:
             thread.start()
@@ -480,6 +493,10 @@ class _Run:
                 self._take(stream, chunk)
         with contextlib.suppress(OSError):
             pipe.close()
+
+    def take(self, stream: str, data: bytes) -> None:
+        """``data`` of ``stream`` (``stdout``/``stderr``), as it came."""
+        self._take(stream, data)
 
     def _take(self, stream: str, data: bytes) -> None:
         with self._lock:

@@ -35,9 +35,10 @@ from poprun_py.core.spec import HostSpec
 from poprun_py.errors import Fault, PreflightError, UsageError
 from poprun_py.ssh.connect import Context, connect
 from poprun_py.ssh.connection import Connection
-from poprun_py.ssh.errors import TransportError
+from poprun_py.ssh.errors import ConnectionLost, TransportError
 from poprun_py.ssh.hostresult import HostResult
 from poprun_py.ssh.settings import SshSettings
+from poprun_py.ssh.tree import GatewayLink, TreeConnection, plain_endpoint, subtrees
 
 T = TypeVar("T")
 
@@ -140,6 +141,9 @@ class ConnectionPool:
         self._window = threading.BoundedSemaphore(max(1, window))
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.tree = subtrees(names, settings.fanout)  # host -> its gateway (--fanout)
+        self.gateways: dict[str, GatewayLink] = {}
+        self._gateway_locks = {g: threading.Lock() for g in set(self.tree.values())}
 
     @property
     def resolver_kind(self) -> str:
@@ -181,8 +185,12 @@ class ConnectionPool:
         if conn is not None:
             return conn
         try:
-            with self._window:  # its timeouts start here, once it has a slot
-                conn = connect(host, self.settings, self._context)
+            gateway = self.tree.get(host.name)
+            if gateway is not None:  # no handshake here: its ssh runs on the gateway
+                conn = self._through(host, gateway)
+            else:
+                with self._window:  # its timeouts start here, once it has a slot
+                    conn = connect(host, self.settings, self._context)
         except TransportError as exc:
             with self._lock:
                 self.errors[host.name] = exc
@@ -193,6 +201,23 @@ class ConnectionPool:
             self.errors.pop(host.name, None)
         return conn
 
+    def _through(self, host: HostSpec, gateway: str) -> Connection:
+        """``host``'s connection through its gateway's link (the gateway connected and its
+        relay started on first use); ConnectionLost naming the gateway when it cannot be."""
+        with self._gateway_locks[gateway]:
+            link = self.gateways.get(gateway)
+            if link is None:
+                spec = next(h for h in self.hosts if h.name == gateway)
+                try:
+                    link = GatewayLink(self._open(spec))
+                except TransportError as exc:
+                    why = f"{host.name}: through gateway {gateway}, which cannot be used: "
+                    why += exc.detail
+                    raise ConnectionLost(host.name, why) from None
+                self.gateways[gateway] = link
+        endpoint = plain_endpoint(host, self.settings)
+        return TreeConnection(host, endpoint, self.settings, link, self._window)
+
     def resolve_all(self) -> None:
         """Resolve every host's ssh configuration, in parallel, before anything connects: a bad
         config is a UsageError naming its file and line, and nothing has started."""
@@ -202,7 +227,10 @@ class ConnectionPool:
                 raise outcome.fault
 
     def _resolve(self, host: HostSpec) -> object:
-        """Resolve ``host``'s configuration (``ssh -G``: a process) within the window."""
+        """Resolve ``host``'s configuration (``ssh -G``: a process) within the window; a
+        subtree host's is resolved by its gateway's ``ssh``."""
+        if host.name in self.tree:
+            return None
         with self._window:
             return self._context.resolver.endpoint(host)
 
@@ -300,6 +328,8 @@ class ConnectionPool:
         """Close ``name``'s connection now, when nothing else will use it (``exec``): each open
         Paramiko transport's thread wakes ten times a second, which a thousand idle ones turn
         into the launcher's main cost. The host connects again if used later."""
+        if name in self._gateway_locks:
+            return  # a gateway's connection carries its subtree's
         with self._lock:
             conn = self.connections.pop(name, None)
         if conn is not None:
@@ -307,8 +337,15 @@ class ConnectionPool:
                 conn.close()
 
     def close(self) -> None:
-        """Close every connection and the worker threads."""
-        for conn in self.connections.values():
+        """Close every connection (those through gateways, then the gateways' relays, then the
+        rest) and the worker threads."""
+        conns = sorted(self.connections.values(), key=lambda c: not isinstance(c, TreeConnection))
+        for conn in conns[: sum(isinstance(c, TreeConnection) for c in conns)]:
+            with contextlib.suppress(Exception):
+                conn.close()
+        for link in self.gateways.values():
+            link.close()
+        for conn in conns[sum(isinstance(c, TreeConnection) for c in conns) :]:
             with contextlib.suppress(Exception):
                 conn.close()
         self.connections.clear()

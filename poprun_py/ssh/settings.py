@@ -72,6 +72,7 @@ class SshSettings:
     identity_file: str | None = None
     user: str | None = None
     ssh_client: str = "auto"  # --ssh-client: auto | paramiko | openssh (CLIENTS)
+    fanout: int | None = None  # --fanout K: a tree of K gateways (poprun_py.ssh.tree); None flat
 
     @staticmethod
     def of(
@@ -83,6 +84,7 @@ class SshSettings:
         identity_file: str | None = None,
         user: str | None = None,
         ssh_client: str | None = None,
+        fanout: int | None = None,
     ) -> SshSettings:
         """Settings from the plain strings specs and flags carry (empty means not given);
         UsageError for an ``ssh_client`` not among :data:`CLIENTS`."""
@@ -94,6 +96,7 @@ class SshSettings:
             identity_file=identity_file,
             user=user,
             ssh_client=check_client(ssh_client),
+            fanout=check_fanout(fanout),
         )
 
 
@@ -105,6 +108,14 @@ def check_client(client: str | None) -> str:
     if client not in CLIENTS:
         raise UsageError(f"--ssh-client must be auto, paramiko or openssh, not {client!r}")
     return client
+
+
+def check_fanout(fanout: int | None) -> int | None:
+    """``--fanout`` as given: not given (None, a flat launch) or 1 and more; UsageError (exit
+    2, one line) otherwise."""
+    if fanout is not None and fanout < 1:
+        raise UsageError(f"--fanout must be 1 or more (the gateways to connect to), not {fanout}")
+    return fanout
 
 
 def check_connect_timeout(seconds: float | None) -> float | None:
@@ -138,6 +149,7 @@ def settings_for(
         identity_file=flags.identity,
         user=flags.user,
         ssh_client=flags.ssh_client or spec.ssh_client,
+        fanout=flags.fanout,
     )
 
 

@@ -247,6 +247,10 @@ def last_line(text: bytes) -> str:
 def end_process(process: subprocess.Popen[bytes], grace: float = 1.0) -> None:
     """SIGTERM ``process``'s group (it leads a session of its own), SIGKILL after ``grace``
     seconds, and reap it; nothing when it has exited already. Never raises."""
+    end_group = getattr(process, "end_group", None)
+    if end_group is not None:  # a process on a gateway (poprun_py.ssh.tree.RemoteChild)
+        end_group(grace)
+        return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         if process.poll() is not None:
             return

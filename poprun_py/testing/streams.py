@@ -7,7 +7,8 @@ after half a record if the test likes -- and read what the client sent, line by 
 requests in any order. :class:`AgentBehind` puts the real agent
 (``python -m poprun_py.hostside.agent``, a subprocess) on the far end instead; what passes
 each way goes through a :class:`Valve` the test can hold (silence, released later) or make
-drop (loss), or cut into pieces.
+drop (loss), or cut into pieces. :class:`LocalGatewayHost` runs a tree's gateway
+(:mod:`poprun_py.hostside.gateway`) here, for tests of :class:`~poprun_py.ssh.tree.GatewayLink`.
 
 Example::
 
@@ -42,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from poprun_py.agent.stream import DIAGNOSTICS_KEPT, last_line
+from poprun_py.agent.stream import DIAGNOSTICS_KEPT, ProcessStream, last_line
 from poprun_py.hostside.supervision import readable
 
 AGENT = (sys.executable, "-m", "poprun_py.hostside.agent")
@@ -287,3 +288,23 @@ def _thread(target: Callable[[], None]) -> threading.Thread:
 def _suppressed(fn: Callable[[bytes], None], data: bytes) -> None:
     with contextlib.suppress(OSError):
         fn(data)
+
+
+class LocalGatewayHost:
+    """A gateway's host for :class:`~poprun_py.ssh.tree.GatewayLink` at its seam: the
+    bootstrap it is given runs here, as a process of its own with its stdin and stdout the
+    stream (as the gateway runs on its host), so the relay is tested without sshd."""
+
+    name = "gw"
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def agent_stream(self, argv: list[str]) -> ProcessStream:
+        """``argv`` started here, as a :class:`~poprun_py.ssh.streams.ProcessStream`."""
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            bufsize=0, start_new_session=True,
+        )  # fmt: skip
+        self.processes.append(process)
+        return ProcessStream(process)

@@ -38,6 +38,8 @@ NOT_SHOWN_LIVE = {
     "accept_new_host_keys": "it records keys in a known_hosts file; "
     "tests/integration/test_ssh_options_hosts.py",
     "ssh_client": "tests/integration/test_openssh_hosts.py launches and runs exec over OpenSSH",
+    "fanout": "tests/integration/test_tree_hosts.py launches through gateways on the ssh, "
+    "mpirun and mpiexec backends",
     "sync": "the test hosts share this machine's file system: a push changes nothing",
     "check_torch": "importing torch costs each instance about a second; the check tests",
     "strict_shards": "refused at planning time (exit 2), nothing runs: unit tests",

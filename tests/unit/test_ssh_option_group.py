@@ -48,6 +48,8 @@ def given(flag: SshFlag) -> tuple[list[str], Any]:
         return [flag.decls[0], "2.5"], 2.5
     if flag.name == "ssh_client":  # one of auto | paramiko | openssh
         return [flag.decls[0], "openssh"], "openssh"
+    if flag.name == "fanout":  # a number of gateways
+        return [flag.decls[0], "3"], 3
     return [flag.decls[0], f"/given/{flag.name}"], f"/given/{flag.name}"
 
 
@@ -58,6 +60,7 @@ def test_the_group_is_the_fields_of_ssh_options() -> None:
         "known_hosts",
         "ssh_config",
         "ssh_client",
+        "fanout",
         "identity",
         "user",
     ]
