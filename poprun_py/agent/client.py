@@ -170,6 +170,7 @@ class AgentConnection:
         self.given_job = False  # the agent got its job: it exits after it, never reused
         self.linger = False  # asked to serve requests after the job (and, once over, it does)
         self.job_over = False  # it said "d": its job is over
+        self.start_allowance = 0.0  # started here (:meth:`start`): START_TIMEOUT to say a word
         self._requests = 0
         self._lock = threading.Lock()  # one request at a time per agent
         self._send_lock = threading.Lock()  # whole lines: heartbeats come from another thread
@@ -182,7 +183,7 @@ class AgentConnection:
         stream = conn.agent_stream(over_stdin())
         failure = conn.agent_failure(stream)
         agent = cls(conn.name, stream, failure)
-        agent.linger = linger
+        agent.linger, agent.start_allowance = linger, START_TIMEOUT
         try:
             conn.send_program(stream, "agent")
         except OSError:  # the transport ended: it could not connect, or the host refused
@@ -229,9 +230,12 @@ class AgentConnection:
     def request(self, verb: bytes, body: dict[str, Any], wait: float | None) -> Any:
         """Send one request (numbered; one at a time) and wait up to ``wait`` seconds for the
         reply with its number: a late reply to an earlier request, given up on, is not this
-        one's. RemoteTimeout, or ConnectionLost when the agent ends first."""
+        one's. Until the agent has said a word, :attr:`start_allowance` more: its start (a login,
+        through a tree's gateway an ``ssh`` handshake too) is not the request's time.
+        RemoteTimeout, or ConnectionLost when the agent ends first."""
         with self._lock:
-            deadline = None if wait is None else time.monotonic() + wait
+            starting = 0.0 if self.answered else self.start_allowance
+            deadline = None if wait is None else time.monotonic() + wait + starting
             self._requests += 1
             ident = self._requests
             try:

@@ -140,11 +140,11 @@ class GatewayLink:
     def feed(self, child: Remote, entry: str) -> None:
         """The gateway writes the program ``entry``'s payload to ``child``'s stdin, ahead of
         what is written there later: sent to the gateway once (``c``), not once a host."""
-        with self._lock:
-            first = entry not in self._cached
-            self._cached.add(entry)
-        if first:
-            self.send(b"c", 0, entry.encode() + b"\0" + payload(entry).data)
+        data = payload(entry).data
+        with self._lock:  # queued under the lock: no other host's f can pass this c
+            if entry not in self._cached:
+                self._cached.add(entry)
+                self.send(b"c", 0, entry.encode() + b"\0" + data)
         self.send(b"f", child.number, entry.encode())
 
     def hold(self, remote: Remote) -> None:

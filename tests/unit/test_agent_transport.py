@@ -275,3 +275,33 @@ def test_a_host_gone_mid_record_is_lost_with_its_last_words(tmp_path: Path) -> N
     assert lost.detail == "the agent on host h2 ended: Connection reset by peer"
     assert result.instances[0].state == InstanceState.STOPPED
     assert took < 15.0
+
+
+def test_an_agent_started_here_has_its_start_beside_its_first_requests_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow start (a login on a loaded host; through a tree's gateway an ssh handshake too)
+    is not the first request's time: it has START_TIMEOUT more until the agent says a word."""
+    import poprun_py.agent.client as client
+
+    monkeypatch.setattr(client, "START_TIMEOUT", 3.0)
+    stream = FakeStream()
+
+    class Conn:
+        name = "h1"
+
+        def agent_stream(self, argv: list[str]) -> FakeStream:
+            return stream
+
+        def agent_failure(self, stream: FakeStream) -> None:
+            return None
+
+        def send_program(self, stream: FakeStream, entry: str) -> None:
+            stream.write(b"")
+
+    agent = AgentConnection.start(Conn())  # type: ignore[arg-type]
+    answer = b'R {"id": 1, "error": ""}\n'
+    threading.Timer(0.6, stream.peer.deliver, args=(answer,)).start()
+    assert agent.put([], timeout=0.2) == ""  # answered 0.6 s in: its start's allowance
+    with pytest.raises(RemoteTimeout):  # once it has spoken, a request has its own time only
+        agent.put([], timeout=0.2)

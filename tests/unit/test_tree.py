@@ -195,3 +195,23 @@ def test_preflight_names_a_trees_hosts_with_their_gateways_once() -> None:
         host = HostSpec(f"n{i}")
         conns.append(TreeConnection(host, plain_endpoint(host, settings), settings, link))  # type: ignore[arg-type]
     assert over_openssh(conns) == "over OpenSSH's ssh: n[3-8] (on their gateways n[1-2]: --fanout)"
+
+
+def test_hosts_fed_at_once_each_get_the_program_that_went_to_the_gateway_once(
+    link: GatewayLink,
+) -> None:
+    """The first feed's c frame is queued before any other host's f (the race: a host whose
+    f passed the c got no program, and its agent never answered)."""
+    children = [link.spawn(f"h{i}", ["wc", "-c"]) for i in range(16)]
+    start = threading.Barrier(len(children))
+
+    def feed(child: RemoteChild) -> None:
+        start.wait()
+        link.feed(child, "check_instance")
+        child.stdin.close()
+
+    threads = [threading.Thread(target=feed, args=(c,)) for c in children]
+    for thread in threads:
+        thread.start()
+    size = len(payload("check_instance").data)
+    assert [int(c.stdout.read()) for c in children] == [size] * len(children)
