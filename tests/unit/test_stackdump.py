@@ -104,13 +104,19 @@ RANKED = (
 """A daemon's tree: an Open MPI rank, an MPICH rank, and a Python process of no rank."""
 
 
-def ranked_pythons(root: int, count: int) -> dict[int, int | None]:
+def ranked_pythons(root: int, count: int, ranked: int = 2) -> dict[int, int | None]:
+    """The ``count`` Python processes of ``root``'s tree and their ranks, once ``ranked`` of
+    them show one (a process just exec'd may not show its environment yet)."""
     deadline = time.monotonic() + 10
-    found: list[int] = []
-    while len(found) < count and time.monotonic() < deadline:
+    while True:
         found = stackdump.python_processes(root)
+        ranks = {pid: stackdump.rank_of(pid) for pid in found}
+        settled = sum(rank is not None for rank in ranks.values()) >= ranked
+        if (len(found) == count and settled) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert len(found) == count
-    return {pid: stackdump.rank_of(pid) for pid in found}
+    return ranks
 
 
 def test_ranks_are_read_from_the_mpi_launchers_variables_then_poprun_pys() -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +125,10 @@ def test_a_lost_gateway_ends_its_children_and_is_named_once(
     children = [link.spawn(f"h{i}", ["sh", "-c", "cat >/dev/null", mark]) for i in (2, 3, 4)]
     stream = link.stream
     assert isinstance(stream, ProcessStream)
+    deadline = time.monotonic() + 10
+    while len(marked(mark)) < 3:  # every child runs on the gateway
+        assert time.monotonic() < deadline, "the children did not start"
+        time.sleep(0.01)
     with caplog.at_level(logging.WARNING, logger="poprun_py"):
         os.kill(host.processes[0].pid, signal.SIGKILL)  # the gateway's host is gone
         codes = [c.wait(10) for c in children]
@@ -135,9 +139,26 @@ def test_a_lost_gateway_ends_its_children_and_is_named_once(
     with pytest.raises(ConnectionLost, match="h5: through gateway gw: gateway gw lost"):
         link.spawn("h5", ["true"])
     deadline = time.monotonic() + 10  # the gateway's children went with their stdin
-    while subprocess.run(["pgrep", "-f", mark], check=False, capture_output=True).returncode == 0:
-        assert time.monotonic() < deadline, "a child of the lost gateway is left"
+    while left := marked(mark):
+        if time.monotonic() > deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"children of the lost gateway are left: {left}")
         time.sleep(0.05)
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes here whose command line has ``mark`` (from /proc: no pgrep needed)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if mark.encode() in words and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def test_a_program_goes_to_the_gateway_once_and_to_each_child_from_there(
